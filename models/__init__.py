@@ -1,0 +1,40 @@
+"""The pure ML library of rofu: reward networks, the ROFU estimator, baseline policies,
+training and checkpoints. It reads no files, databases or environment variables.
+
+Tensor dimension letters, used in shape comments and docstrings throughout:
+
+    B  requests (contexts scored together)
+    A  arms (candidate actions)
+    D  context features
+    F  arm features (arm-feature networks only)
+    H  hidden units
+    P  parameters of a network (flattened), or (context, arm) pairs in ROFU
+    N  data points (logged transitions)
+    K  candidate arms of one request
+    M  ROFU gradient-ascent steps
+"""
+
+from models.checkpoint import Checkpoint, CheckpointError, dump_checkpoint, load_checkpoint
+from models.data import DataBuffer, RegulariserData, Transitions
+from models.networks import RewardNet, RewardNetConfig
+from models.rofu import RofuConfig, rofu_scores
+from models.scores import Decision, Scores
+from models.training import FitConfig, fit
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "DataBuffer",
+    "Decision",
+    "FitConfig",
+    "RegulariserData",
+    "RewardNet",
+    "RewardNetConfig",
+    "RofuConfig",
+    "Scores",
+    "Transitions",
+    "dump_checkpoint",
+    "fit",
+    "load_checkpoint",
+    "rofu_scores",
+]

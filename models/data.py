@@ -1,0 +1,220 @@
+"""Typed data contracts: logged transitions, the regulariser's data, a growable buffer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from models.validation import check_float_tensor, check_int, require_tensor
+
+
+@dataclass(frozen=True)
+class Transitions:
+    """Logged (context, arm, reward) triples.
+
+    Attributes:
+        x: (N, D) contexts.
+        arms: (N,) int64 arm indices.
+        rewards: (N,) observed rewards.
+    """
+
+    x: Tensor
+    arms: Tensor
+    rewards: Tensor
+
+    def __post_init__(self) -> None:
+        check_float_tensor("x", self.x, ndim=2)
+        n = self.x.shape[0]
+        arms = require_tensor("arms", self.arms)
+        if arms.dtype != torch.int64:
+            raise TypeError(f"arms must be an int64 tensor, got {arms.dtype}")
+        if tuple(arms.shape) != (n,):
+            raise ValueError(f"arms must have shape ({n},), got {tuple(arms.shape)}")
+        if n and int(arms.min()) < 0:
+            raise ValueError("arms contains a negative arm index")
+        check_float_tensor("rewards", self.rewards, ndim=1, size={0: n})
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+    def subset(self, index: Tensor) -> Transitions:
+        """Rows picked by an index or boolean mask."""
+        return Transitions(self.x[index], self.arms[index], self.rewards[index])
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Transitions:
+        """This batch on a device (and floating dtype); itself when already there."""
+        target = self.x.dtype if dtype is None else dtype
+        if self.x.device == torch.device(device) and self.x.dtype == target:
+            return self
+        return Transitions(
+            self.x.to(device=device, dtype=dtype),
+            self.arms.to(device=device),
+            self.rewards.to(device=device, dtype=dtype),
+        )
+
+    @staticmethod
+    def concat(parts: list[Transitions]) -> Transitions:
+        """Stack several batches of transitions."""
+        if not parts:
+            raise ValueError("parts must hold at least one batch")
+        return Transitions(
+            torch.cat([p.x for p in parts]),
+            torch.cat([p.arms for p in parts]),
+            torch.cat([p.rewards for p in parts]),
+        )
+
+
+@dataclass(frozen=True)
+class RegulariserData:
+    """What ROFU's regulariser needs from the logged data D.
+
+    Attributes:
+        sample: a uniform sample of D (all of D when small enough).
+        n_total: |D|, the number of logged transitions the sample stands for.
+        arm_counts: (A,) int64 pulls per arm over all of D; sums to `n_total`.
+    """
+
+    sample: Transitions
+    n_total: int
+    arm_counts: Tensor
+
+    def __post_init__(self) -> None:
+        check_int("n_total", self.n_total, low=len(self.sample))
+        counts = require_tensor("arm_counts", self.arm_counts)
+        if counts.dtype != torch.int64 or counts.dim() != 1:
+            raise TypeError("arm_counts must be a 1-d int64 tensor")
+        if counts.numel() and int(counts.min()) < 0:
+            raise ValueError("arm_counts must be non-negative")
+        if int(counts.sum()) != self.n_total:
+            raise ValueError(f"arm_counts sums to {int(counts.sum())}, n_total is {self.n_total}")
+        if len(self.sample) and int(self.sample.arms.max()) >= counts.numel():
+            raise ValueError("sample.arms has an arm index beyond arm_counts")
+
+
+class DataBuffer:
+    """A growable store of transitions with per-arm counts.
+
+    With `max_size`, it keeps a uniform reservoir sample (Vitter's algorithm R, drawn from
+    `generator`) of at most `max_size` rows while `n_total` and the counts cover all data.
+    """
+
+    def __init__(
+        self,
+        context_dim: int,
+        *,
+        max_size: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.context_dim = check_int("context_dim", context_dim, low=1)
+        if max_size is not None:
+            check_int("max_size", max_size, low=1)
+        self.max_size = max_size
+        self._generator = generator or torch.Generator().manual_seed(0)
+        self._x = torch.empty(0, context_dim, dtype=dtype, device=device)
+        self._arms = torch.empty(0, dtype=torch.int64, device=device)
+        self._rewards = torch.empty(0, dtype=dtype, device=device)
+        self._size = 0
+        self.n_total = 0
+        self.arm_counts = torch.zeros(0, dtype=torch.int64)
+
+    def __len__(self) -> int:
+        return self._size
+
+    @classmethod
+    def restore(
+        cls,
+        data: RegulariserData,
+        *,
+        max_size: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> DataBuffer:
+        """Continue a buffer from a checkpoint's sample, |D| and per-arm counts.
+
+        Later appends keep the reservoir uniform over all |D| + new rows, because the
+        acceptance probability uses the restored `n_total`.
+        """
+        sample = data.sample
+        if max_size is not None and len(sample) > max_size:
+            raise ValueError(f"data.sample has {len(sample)} rows, more than max_size={max_size}")
+        buffer = cls(
+            sample.x.shape[1],
+            max_size=max_size,
+            dtype=sample.x.dtype,
+            device=sample.x.device,
+            generator=generator,
+        )
+        if len(sample):
+            buffer._put_rows(sample, len(sample))
+        buffer.n_total = data.n_total
+        buffer.arm_counts = data.arm_counts.clone()
+        return buffer
+
+    def append(self, batch: Transitions) -> None:
+        """Add transitions; once `max_size` rows are held, later rows enter the reservoir."""
+        if batch.x.shape[1] != self.context_dim:
+            raise ValueError(
+                f"batch.x must have {self.context_dim} features, got {batch.x.shape[1]}"
+            )
+        self._count(batch.arms)
+        bulk = len(batch)
+        if self.max_size is not None:
+            bulk = min(bulk, max(0, self.max_size - self._size))
+        if bulk:
+            self._put_rows(batch, bulk)
+        for row in range(bulk, len(batch)):
+            self._reservoir_put(batch, row)
+
+    def _count(self, arms: Tensor) -> None:
+        if arms.numel() == 0:
+            return
+        needed = int(arms.max()) + 1
+        if needed > self.arm_counts.numel():
+            grown = torch.zeros(needed, dtype=torch.int64)
+            grown[: self.arm_counts.numel()] = self.arm_counts
+            self.arm_counts = grown
+        self.arm_counts += torch.bincount(arms.cpu(), minlength=self.arm_counts.numel())
+
+    def _put_rows(self, batch: Transitions, rows: int) -> None:
+        end = self._size + rows
+        if end > self._x.shape[0]:
+            capacity = max(end, 2 * self._x.shape[0], 64)
+            if self.max_size is not None:
+                capacity = min(capacity, self.max_size)
+            self._x = _resized(self._x, capacity)
+            self._arms = _resized(self._arms, capacity)
+            self._rewards = _resized(self._rewards, capacity)
+        self._x[self._size : end] = batch.x[:rows].to(self._x)
+        self._arms[self._size : end] = batch.arms[:rows].to(self._arms.device)
+        self._rewards[self._size : end] = batch.rewards[:rows].to(self._rewards)
+        self._size = end
+        self.n_total += rows
+
+    def _reservoir_put(self, batch: Transitions, row: int) -> None:
+        self.n_total += 1
+        slot = int(torch.randint(self.n_total, (1,), generator=self._generator))
+        if self.max_size is not None and slot < self.max_size:
+            self._x[slot] = batch.x[row].to(self._x)
+            self._arms[slot] = batch.arms[row].to(self._arms.device)
+            self._rewards[slot] = batch.rewards[row].to(self._rewards)
+
+    def view(self) -> Transitions:
+        """The stored rows (all data, or the reservoir sample)."""
+        n = self._size
+        return Transitions(self._x[:n], self._arms[:n], self._rewards[:n])
+
+    def regulariser_data(self, n_arms: int | None = None) -> RegulariserData:
+        """The stored rows with |D| and per-arm counts padded to `n_arms` arms."""
+        counts = self.arm_counts
+        if n_arms is not None and n_arms > counts.numel():
+            counts = torch.cat([counts, torch.zeros(n_arms - counts.numel(), dtype=torch.int64)])
+        return RegulariserData(self.view(), self.n_total, counts.clone())
+
+
+def _resized(tensor: Tensor, rows: int) -> Tensor:
+    out = torch.empty((rows, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    out[: tensor.shape[0]] = tensor
+    return out

@@ -1,0 +1,127 @@
+"""The policy protocol and the decision rules every policy shares.
+
+Every policy scores each candidate arm as mean + bonus (`Scores`); the arm is the argmax
+of that sum, ties broken uniformly at random, so argmax, propensity and logging are
+shared. Thompson policies put a sampled deviation in `bonus` and estimate their
+propensity by re-sampling (`sampled_propensity`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from models.data import Transitions
+from models.scores import Decision, Scores
+from models.validation import check_float_tensor, check_index_tensor, check_mask_tensor
+
+
+class Policy(Protocol):
+    """What the replay harness and the service call."""
+
+    name: str
+    n_arms: int
+
+    def select(self, contexts: Tensor, candidates: Tensor | None = None) -> Decision:
+        """Choose an arm per context. (B, D), (B, A) bool -> Decision."""
+        ...
+
+    def update(self, batch: Transitions) -> dict[str, float]:
+        """Learn from observed rewards; returns training metrics."""
+        ...
+
+
+def candidate_mask(candidates: Tensor | None, batch: int, n_arms: int) -> Tensor:
+    """A validated (B, A) candidate mask; None means every arm; each row needs one arm."""
+    if candidates is None:
+        return torch.ones(batch, n_arms, dtype=torch.bool)
+    mask = check_mask_tensor("candidates", candidates.cpu(), (batch, n_arms))
+    if not bool(mask.any(dim=1).all()):
+        raise ValueError("candidates must allow at least one arm per context")
+    return mask
+
+
+def check_contexts(contexts: Tensor, context_dim: int) -> Tensor:
+    """Validate a (B, D) batch of contexts."""
+    return check_float_tensor("contexts", contexts, ndim=2, size={1: context_dim})
+
+
+def check_batch(batch: Transitions, context_dim: int, n_arms: int) -> Transitions:
+    """Validate an update batch against the policy's dimensions."""
+    if not isinstance(batch, Transitions):
+        raise TypeError(f"batch must be Transitions, got {type(batch).__name__}")
+    check_float_tensor("batch.x", batch.x, ndim=2, size={1: context_dim})
+    check_index_tensor("batch.arms", batch.arms, ndim=1, upper=n_arms)
+    return batch
+
+
+def masked(scores: Scores, mask: Tensor) -> Scores:
+    """Scores with NaN outside the candidate mask."""
+    nan = torch.tensor(float("nan"), dtype=scores.mean.dtype, device=scores.mean.device)
+    keep = mask.to(scores.mean.device)
+    return Scores(torch.where(keep, scores.mean, nan), torch.where(keep, scores.bonus, nan))
+
+
+def argmax_arms(values: Tensor, mask: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Argmax over candidates, ties uniformly at random. (B, A) -> arms (B,), ties (B,)."""
+    values = values.detach().cpu().double().masked_fill(~mask, float("-inf"))
+    best = values.max(dim=1, keepdim=True).values  # (B, 1)
+    ties = (values == best) & mask  # (B, A); +inf bonuses tie with each other
+    noise = torch.rand(values.shape, generator=generator, dtype=torch.float64)
+    arms = noise.masked_fill(~ties, -1.0).argmax(dim=1)  # (B,)
+    return arms, ties.sum(dim=1).double()
+
+
+def greedy_decision(scores: Scores, mask: Tensor, generator: torch.Generator) -> Decision:
+    """Argmax of mean + bonus; propensity 1 / (number of tied arms)."""
+    arms, n_ties = argmax_arms(scores.ucb, mask, generator)
+    return Decision(arms=arms, propensity=1.0 / n_ties, scores=masked(scores, mask))
+
+
+def epsilon_decision(
+    scores: Scores, mask: Tensor, epsilon: float, generator: torch.Generator
+) -> Decision:
+    """With probability epsilon a uniform candidate, else the argmax; exact propensity."""
+    greedy, n_ties = argmax_arms(scores.ucb, mask, generator)
+    n_candidates = mask.sum(dim=1).double()  # (B,)
+    explore = torch.rand(mask.shape[0], generator=generator, dtype=torch.float64) < epsilon
+    uniform = torch.multinomial(mask.double(), 1, generator=generator).squeeze(1)  # (B,)
+    arms = torch.where(explore, uniform, greedy)
+    values = scores.ucb.detach().cpu().double().masked_fill(~mask, float("-inf"))
+    best = values.max(dim=1).values
+    is_best = values.gather(1, arms[:, None]).squeeze(1) == best  # (B,)
+    propensity = epsilon / n_candidates + (1.0 - epsilon) * is_best.double() / n_ties
+    return Decision(arms=arms, propensity=propensity, scores=masked(scores, mask))
+
+
+def uniform_decision(scores: Scores, mask: Tensor, generator: torch.Generator) -> Decision:
+    """A uniform candidate; propensity 1 / (number of candidates)."""
+    arms = torch.multinomial(mask.double(), 1, generator=generator).squeeze(1)
+    return Decision(
+        arms=arms, propensity=1.0 / mask.sum(dim=1).double(), scores=masked(scores, mask)
+    )
+
+
+def sampled_propensity(
+    draw: Callable[[], Tensor], arms: Tensor, mask: Tensor, samples: int, generator: torch.Generator
+) -> Tensor:
+    """Monte Carlo propensity of a Thompson choice.
+
+    Counts how often the chosen arm wins in `samples` fresh posterior draws, counting the
+    draw that chose it too: (1 + wins) / (1 + samples), so it is never zero.
+
+    Args:
+        draw: returns one (B, A) sampled score table per call.
+        arms: (B,) the arms chosen from the first draw.
+        mask: (B, A) candidates.
+        samples: number of extra draws (0 gives 1.0, an uninformative value).
+        generator: breaks ties in the extra draws.
+    """
+    wins = torch.ones(arms.shape, dtype=torch.float64)
+    for _ in range(samples):
+        winners, _ = argmax_arms(draw(), mask, generator)
+        wins += (winners == arms).double()
+    return wins / (1 + samples)

@@ -1,0 +1,335 @@
+"""Neural policies: the shared base, Greedy / EpsilonGreedy, ROFU and NeuralUCB."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+from torch.func import functional_call, grad, vmap
+
+from models.data import DataBuffer, Transitions
+from models.networks import RewardNet, RewardNetConfig
+from models.policies.base import (
+    candidate_mask,
+    check_batch,
+    check_contexts,
+    epsilon_decision,
+    greedy_decision,
+)
+from models.rofu import RofuConfig, rofu_scores
+from models.scores import Decision, Scores
+from models.training import FitConfig, fit
+from models.validation import check_choice, check_float, check_float_tensor, check_int
+
+#: The Deep Bayesian Bandits Showdown's `hparams_rms`: RMSprop, lr 0.1 with inverse-time
+#: decay 0.5 restarted every training call, global-norm clipping at 5, 100 minibatches of
+#: 512 every 50 rounds.
+SHOWDOWN_FIT = FitConfig(
+    steps=100,
+    batch_size=512,
+    optimizer="rmsprop",
+    lr=0.1,
+    lr_schedule="inverse_time",
+    lr_decay=0.5,
+    max_grad_norm=5.0,
+)
+
+
+@dataclass(frozen=True)
+class TrainSchedule:
+    """When a neural policy refits its network on all data seen so far.
+
+    Attributes:
+        every: refit after every `every` new transitions.
+        dense_until: refit after every transition while fewer rows than this are held
+            (NeuralUCB's official code trains every round for the first 2000).
+        fit: how each refit trains (continuing from the current weights).
+    """
+
+    every: int = 50
+    dense_until: int = 0
+    fit: FitConfig = field(default_factory=lambda: SHOWDOWN_FIT)
+
+    def __post_init__(self) -> None:
+        check_int("every", self.every, low=1)
+        check_int("dense_until", self.dense_until, low=0)
+        if not isinstance(self.fit, FitConfig):
+            raise TypeError(f"fit must be a FitConfig, got {type(self.fit).__name__}")
+
+    def due(self, before: int, after: int) -> bool:
+        """Whether growing the data from `before` to `after` rows triggers a refit."""
+        if after > before and before < self.dense_until:
+            return True
+        return after // self.every > before // self.every
+
+
+def _arm_features(
+    config: RewardNetConfig, arm_features: Tensor | None, net: RewardNet
+) -> Tensor | None:
+    """Validated (A, F) arm features on the network's device and dtype (None when per-arm)."""
+    if config.per_arm_outputs:
+        if arm_features is not None:
+            raise ValueError("arm_features must be None for a network with one output per arm")
+        return None
+    if arm_features is None:
+        raise ValueError("arm_features is required by an arm-feature network")
+    checked = check_float_tensor(
+        "arm_features", arm_features, ndim=2, size={1: config.arm_feature_dim}
+    )
+    first = next(net.parameters())
+    return checked.to(first.device, first.dtype)
+
+
+class NeuralPolicy:
+    """Holds a `RewardNet`, its data buffer, generators and the training schedule."""
+
+    name = "Neural"
+
+    def __init__(
+        self,
+        net_config: RewardNetConfig,
+        schedule: TrainSchedule | None = None,
+        *,
+        arm_features: Tensor | None = None,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+    ) -> None:
+        check_int("seed", seed, low=0)
+        self.net = RewardNet(net_config).to(device)
+        self.schedule = schedule or TrainSchedule()
+        self.arm_features = _arm_features(net_config, arm_features, self.net)
+        self.n_arms = self.net.arm_count(self.arm_features)
+        self.context_dim = net_config.context_dim
+        self.device = torch.device(device)
+        self.buffer = DataBuffer(net_config.context_dim, device=device)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.fit_generator = torch.Generator().manual_seed(seed + 1_000_003)
+
+    def _prepare(self, contexts: Tensor, candidates: Tensor | None) -> tuple[Tensor, Tensor]:
+        contexts = check_contexts(contexts, self.context_dim)
+        mask = candidate_mask(candidates, contexts.shape[0], self.n_arms)
+        return contexts.to(self.device, next(self.net.parameters()).dtype), mask
+
+    def predict(self, contexts: Tensor) -> Tensor:
+        """(B, D) -> (B, A) mean rewards of the current network."""
+        with torch.no_grad():
+            return self.net.score_all(contexts, self.arm_features)
+
+    def update(self, batch: Transitions) -> dict[str, float]:
+        """Store the batch; refit when the schedule says so."""
+        check_batch(batch, self.context_dim, self.n_arms)
+        before = len(self.buffer)
+        self.buffer.append(batch)
+        if not self.schedule.due(before, len(self.buffer)):
+            return {"rows": float(len(self.buffer)), "trained": 0.0}
+        return self.train() | {"trained": 1.0}
+
+    def train(self) -> dict[str, float]:
+        """Refit the network on everything in the buffer."""
+        return fit(
+            self.net,
+            self.buffer.view(),
+            self.schedule.fit,
+            self.fit_generator,
+            arm_features=self.arm_features,
+        )
+
+
+class EpsilonGreedy(NeuralPolicy):
+    """Argmax of the network's mean with probability 1 - epsilon, else uniform.
+
+    Defaults: the Showdown's `RMS` network and schedule (one hidden layer of 50, init 0.3,
+    SHOWDOWN_FIT every 50 rounds) and epsilon = 0.05.
+    """
+
+    name = "EpsilonGreedy"
+
+    def __init__(
+        self,
+        net_config: RewardNetConfig,
+        schedule: TrainSchedule | None = None,
+        *,
+        epsilon: float = 0.05,
+        arm_features: Tensor | None = None,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+    ) -> None:
+        super().__init__(net_config, schedule, arm_features=arm_features, device=device, seed=seed)
+        self.epsilon = check_float("epsilon", epsilon, low=0.0, high=1.0)
+
+    def select(self, contexts: Tensor, candidates: Tensor | None = None) -> Decision:
+        """Epsilon-greedy on the network's mean; exact propensity."""
+        contexts, mask = self._prepare(contexts, candidates)
+        mean = self.predict(contexts).cpu()
+        scores = Scores(mean, torch.zeros_like(mean))
+        if self.epsilon == 0.0:
+            return greedy_decision(scores, mask, self.generator)
+        return epsilon_decision(scores, mask, self.epsilon, self.generator)
+
+
+class Greedy(EpsilonGreedy):
+    """Pure exploitation: EpsilonGreedy with epsilon = 0 (the Showdown's `RMS`)."""
+
+    name = "Greedy"
+
+    def __init__(
+        self,
+        net_config: RewardNetConfig,
+        schedule: TrainSchedule | None = None,
+        *,
+        arm_features: Tensor | None = None,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+    ) -> None:
+        super().__init__(
+            net_config, schedule, epsilon=0.0, arm_features=arm_features, device=device, seed=seed
+        )
+
+
+#: ROFU's default schedule (paper, section 5 and footnote: theta_t trained by SGD
+#: starting from theta_{t-1} every round; the authors' code uses lr 0.01).
+ROFU_SCHEDULE = TrainSchedule(
+    every=1, fit=FitConfig(steps=10, batch_size=256, optimizer="sgd", lr=0.01)
+)
+
+
+class RofuPolicy(NeuralPolicy):
+    """Regularised OFU (Zhou et al. 2021, Alg. 2) on the policy's own data buffer.
+
+    Defaults: RofuConfig() (M = 5, eta = 1, R = |D| MSE, g = sqrt) and ROFU_SCHEDULE.
+    With no data yet the bonus is +inf for every arm, so the choice is uniform.
+    """
+
+    name = "ROFU"
+
+    def __init__(
+        self,
+        net_config: RewardNetConfig,
+        schedule: TrainSchedule | None = None,
+        *,
+        rofu: RofuConfig | None = None,
+        arm_features: Tensor | None = None,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+    ) -> None:
+        super().__init__(
+            net_config,
+            schedule or ROFU_SCHEDULE,
+            arm_features=arm_features,
+            device=device,
+            seed=seed,
+        )
+        self.rofu = rofu or RofuConfig()
+
+    def select(self, contexts: Tensor, candidates: Tensor | None = None) -> Decision:
+        """Argmax of the ROFU upper confidence bound."""
+        contexts, mask = self._prepare(contexts, candidates)
+        if len(self.buffer) == 0:
+            mean = self.predict(contexts).cpu()
+            return greedy_decision(
+                Scores(mean, torch.full_like(mean, float("inf"))), mask, self.generator
+            )
+        data = self.buffer.regulariser_data(self.n_arms)
+        scores = rofu_scores(
+            self.net,
+            contexts,
+            data,
+            self.rofu,
+            self.generator,
+            candidates=mask,
+            arm_features=self.arm_features,
+        )
+        return greedy_decision(Scores(scores.mean.cpu(), scores.bonus.cpu()), mask, self.generator)
+
+
+#: NeuralUCB's official code (uclaml/NeuralUCB, train.py and learner_diag.py): one hidden
+#: layer of 100, SGD lr 0.01 with weight decay lambda, one row per step, up to 1000 steps;
+#: trained every round for the first 2000 rounds, then every 100.
+NEURALUCB_SCHEDULE = TrainSchedule(
+    every=100,
+    dense_until=2000,
+    fit=FitConfig(steps=1000, batch_size=1, optimizer="sgd", lr=0.01, weight_decay=1e-3),
+)
+
+
+class NeuralUCB(NeuralPolicy):
+    """NeuralUCB (Zhou et al. 2020) with the gradient features of the policy's network.
+
+    bonus = sqrt(lam * nu * g^T Z^{-1} g), g = grad_theta f(x, a), Z = lam I + sum g g^T over
+    chosen pairs. `z="diag"` keeps only Z's diagonal, as the official code does; `full`
+    keeps the P x P inverse (Sherman-Morrison); `auto` is full up to `full_max_params`.
+    Defaults lam = 1e-3, nu = 1 and NEURALUCB_SCHEDULE are the official code's.
+    """
+
+    name = "NeuralUCB"
+
+    def __init__(
+        self,
+        net_config: RewardNetConfig,
+        schedule: TrainSchedule | None = None,
+        *,
+        lam: float = 1e-3,
+        nu: float = 1.0,
+        z: str = "diag",
+        full_max_params: int = 2000,
+        arm_features: Tensor | None = None,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+    ) -> None:
+        super().__init__(
+            net_config,
+            schedule or NEURALUCB_SCHEDULE,
+            arm_features=arm_features,
+            device=device,
+            seed=seed,
+        )
+        self.lam = check_float("lam", lam, low=0.0, low_open=True)
+        self.nu = check_float("nu", nu, low=0.0)
+        check_choice("z", z, ("diag", "full", "auto"))
+        n_params = sum(p.numel() for p in self.net.parameters())
+        self.full = z == "full" or (z == "auto" and n_params <= full_max_params)
+        dtype = next(self.net.parameters()).dtype
+        eye = torch.ones(n_params, dtype=dtype, device=self.device) / self.lam
+        self.z_inv = torch.diag(eye) if self.full else eye  # (P, P) or (P,) diagonal
+
+    def gradients(self, x: Tensor, arms: Tensor) -> Tensor:
+        """Per-pair gradients of f: (N, D), (N,) -> (N, P)."""
+        params = {k: v.detach() for k, v in self.net.named_parameters()}
+
+        def value(p: dict[str, Tensor], xi: Tensor, ai: Tensor) -> Tensor:
+            out: Tensor = functional_call(self.net, p, (xi[None], ai[None], self.arm_features))
+            return out[0]
+
+        grads = vmap(grad(value), in_dims=(None, 0, 0))(params, x, arms)
+        return torch.cat([grads[k].flatten(1) for k in params], dim=1)
+
+    def bonus(self, contexts: Tensor) -> Tensor:
+        """(B, D) -> (B, A) exploration bonus."""
+        batch = contexts.shape[0]
+        arms = torch.arange(self.n_arms, device=self.device).repeat(batch)
+        g = self.gradients(contexts.repeat_interleave(self.n_arms, 0), arms)  # (B*A, P)
+        if self.full:
+            width = ((g @ self.z_inv) * g).sum(dim=1)
+        else:
+            width = (g.square() * self.z_inv).sum(dim=1)
+        return (self.lam * self.nu * width.clamp(min=0)).sqrt().view(batch, self.n_arms)
+
+    def select(self, contexts: Tensor, candidates: Tensor | None = None) -> Decision:
+        """Argmax of mean + bonus."""
+        contexts, mask = self._prepare(contexts, candidates)
+        scores = Scores(self.predict(contexts).cpu(), self.bonus(contexts).detach().cpu())
+        return greedy_decision(scores, mask, self.generator)
+
+    def update(self, batch: Transitions) -> dict[str, float]:
+        """Add g g^T of each chosen pair to Z (at the current theta), then store/refit."""
+        check_batch(batch, self.context_dim, self.n_arms)
+        dtype = next(self.net.parameters()).dtype
+        g = self.gradients(batch.x.to(self.device, dtype), batch.arms.to(self.device))
+        for row in g:
+            if self.full:
+                z_g = self.z_inv @ row  # (P,)
+                self.z_inv -= torch.outer(z_g, z_g) / (1.0 + row @ z_g)
+            else:
+                self.z_inv = 1.0 / (1.0 / self.z_inv + row.square())
+        return super().update(batch)

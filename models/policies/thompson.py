@@ -1,0 +1,355 @@
+"""Thompson-sampling baselines of the Deep Bayesian Bandits Showdown (Riquelme et al. 2018).
+
+Each scores mean + bonus where bonus is one posterior draw minus the mean, and chooses
+the argmax of the draw. Defaults are the Showdown's `example_main.py` hyper-parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.func import functional_call, vmap
+
+from models.data import Transitions
+from models.networks import RewardNet, RewardNetConfig
+from models.policies.base import check_batch, greedy_decision, masked, sampled_propensity
+from models.policies.neural import NeuralPolicy, TrainSchedule
+from models.scores import Decision, Scores
+from models.training import fit
+from models.validation import check_float, check_int
+
+
+class _Thompson(NeuralPolicy):
+    """Shared select: argmax of one draw, propensity by `propensity_samples` re-draws."""
+
+    propensity_samples = 32
+
+    def draw(self, contexts: Tensor) -> Tensor:
+        """One posterior draw of the (B, A) scores."""
+        raise NotImplementedError
+
+    def select(self, contexts: Tensor, candidates: Tensor | None = None) -> Decision:
+        """Thompson choice with a Monte Carlo propensity (see `sampled_propensity`)."""
+        contexts, mask = self._prepare(contexts, candidates)
+        mean = self.predict(contexts).cpu()
+        sample = self.draw(contexts).detach().cpu()
+        decision = greedy_decision(Scores(mean, sample - mean), mask, self.generator)
+        propensity = sampled_propensity(
+            lambda: self.draw(contexts).detach().cpu(),
+            decision.arms,
+            mask,
+            self.propensity_samples,
+            self.generator,
+        )
+        return Decision(decision.arms, propensity, decision.scores)
+
+
+class NeuralLinear(_Thompson):
+    """Bayesian linear regression on the network's last hidden layer (Showdown).
+
+    Per arm (one shared regression for an arm-feature network), a normal-inverse-gamma
+    posterior: precision S + lambda_prior I, sigma^2 ~ InvGamma(a0 + n/2, b0 + ...). The
+    regression is refreshed every round; the network on the schedule (features of all
+    data are recomputed after each refit). Defaults a0 = b0 = 6, lambda_prior = 0.25.
+    """
+
+    name = "NeuralLinear"
+
+    def __init__(
+        self,
+        net_config: RewardNetConfig,
+        schedule: TrainSchedule | None = None,
+        *,
+        a0: float = 6.0,
+        b0: float = 6.0,
+        lambda_prior: float = 0.25,
+        propensity_samples: int = 32,
+        arm_features: Tensor | None = None,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+    ) -> None:
+        super().__init__(net_config, schedule, arm_features=arm_features, device=device, seed=seed)
+        self.a0 = check_float("a0", a0, low=0.0, low_open=True)
+        self.b0 = check_float("b0", b0, low=0.0, low_open=True)
+        self.lambda_prior = check_float("lambda_prior", lambda_prior, low=0.0, low_open=True)
+        self.propensity_samples = check_int("propensity_samples", propensity_samples, low=0)
+        self.rng = np.random.default_rng(seed)
+        groups = self.n_arms if net_config.per_arm_outputs else 1
+        width = (net_config.hidden or (net_config.context_dim + net_config.arm_feature_dim,))[-1]
+        self.zz = torch.zeros(groups, width, width, dtype=torch.float64)  # (G, H, H)
+        self.zy = torch.zeros(groups, width, dtype=torch.float64)  # (G, H)
+        self.yy = torch.zeros(groups, dtype=torch.float64)
+        self.n = torch.zeros(groups, dtype=torch.float64)
+        self._posterior: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
+
+    def features(self, x: Tensor, arms: Tensor) -> Tensor:
+        """Last hidden layer of (context, arm) pairs: (N, D), (N,) -> (N, H) float64."""
+        with torch.no_grad():
+            inputs = self.net.inputs(x, arms.to(self.device), self.arm_features)
+            return self.net.hidden_features(inputs).double().cpu()
+
+    def _accumulate(self, batch: Transitions) -> None:
+        dtype = next(self.net.parameters()).dtype
+        z = self.features(batch.x.to(self.device, dtype), batch.arms)  # (N, H)
+        y = batch.rewards.detach().cpu().double()
+        group = batch.arms.cpu() if self.zz.shape[0] > 1 else torch.zeros_like(batch.arms)
+        self.zz.index_add_(0, group, z[:, :, None] * z[:, None, :])
+        self.zy.index_add_(0, group, z * y[:, None])
+        self.yy.index_add_(0, group, y.square())
+        self.n.index_add_(0, group, torch.ones_like(y))
+        self._posterior = None
+
+    def update(self, batch: Transitions) -> dict[str, float]:
+        """Refresh the regression with the batch; refit the network on schedule."""
+        metrics = super().update(batch)
+        if metrics.get("trained"):
+            for stat in (self.zz, self.zy, self.yy, self.n):
+                stat.zero_()
+            self._accumulate(self.buffer.view())
+        else:
+            self._accumulate(batch)
+        return metrics
+
+    def posterior(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Per group: mean (G, H), Cholesky of the covariance (G, H, H), a (G,), b (G,)."""
+        if self._posterior is None:
+            eye = torch.eye(self.zz.shape[1], dtype=torch.float64)
+            precision = self.zz + self.lambda_prior * eye  # (G, H, H)
+            cov = torch.linalg.inv(precision)
+            cov = 0.5 * (cov + cov.transpose(1, 2))
+            mu = torch.einsum("gij,gj->gi", cov, self.zy)  # (G, H)
+            quad = torch.einsum("gi,gij,gj->g", mu, precision, mu)
+            a = self.a0 + self.n / 2
+            b = self.b0 + 0.5 * (self.yy - quad).clamp(min=0)
+            self._posterior = (mu, torch.linalg.cholesky(cov), a, b)
+        return self._posterior
+
+    def _pair_features(self, contexts: Tensor) -> Tensor:
+        batch = contexts.shape[0]
+        if self.zz.shape[0] > 1:  # per-arm regressions on shared features
+            return self.features(contexts, torch.zeros(batch, dtype=torch.long))[:, None, :]
+        arms = torch.arange(self.n_arms).repeat(batch)
+        pairs = contexts.repeat_interleave(self.n_arms, 0)
+        return self.features(pairs, arms).view(batch, self.n_arms, -1)  # (B, A, H)
+
+    def predict(self, contexts: Tensor) -> Tensor:
+        """(B, D) -> (B, A) posterior-mean rewards."""
+        mu = self.posterior()[0]
+        return self._scores(self._pair_features(contexts), mu[None].expand(len(contexts), -1, -1))
+
+    def draw(self, contexts: Tensor) -> Tensor:
+        """One posterior draw of (B, A) rewards; each context gets its own draw."""
+        mu, chol, a, b = self.posterior()
+        batch, groups, width = contexts.shape[0], mu.shape[0], mu.shape[1]
+        sigma2 = b.numpy() / self.rng.gamma(a.numpy(), size=(batch, groups))  # InvGamma
+        eps = torch.from_numpy(self.rng.standard_normal((batch, groups, width)))
+        beta = mu + torch.from_numpy(np.sqrt(sigma2))[..., None] * torch.einsum(
+            "gij,bgj->bgi", chol, eps
+        )  # (B, G, H)
+        return self._scores(self._pair_features(contexts), beta)
+
+    def _scores(self, z: Tensor, beta: Tensor) -> Tensor:
+        # z (B, 1 or A, H) and beta (B, A or 1, H) broadcast to (B, A).
+        return (z * beta).sum(dim=-1)
+
+
+class Bootstrap(_Thompson):
+    """Bootstrapped ensemble (Showdown `BootRMS`): q networks, each trained on the rows it
+    drew with probability p; each decision follows one network picked uniformly.
+    Defaults q = 3, p = 0.95. The propensity is exact.
+    """
+
+    name = "Bootstrap"
+
+    def __init__(
+        self,
+        net_config: RewardNetConfig,
+        schedule: TrainSchedule | None = None,
+        *,
+        q: int = 3,
+        p: float = 0.95,
+        arm_features: Tensor | None = None,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+    ) -> None:
+        super().__init__(net_config, schedule, arm_features=arm_features, device=device, seed=seed)
+        check_int("q", q, low=1)
+        self.p = check_float("p", p, low=0.0, high=1.0, low_open=True)
+        self.members = [self.net] + [
+            RewardNet(dataclasses.replace(net_config, seed=net_config.seed + i)).to(device)
+            for i in range(1, q)
+        ]
+        self.inclusion = torch.zeros(0, q, dtype=torch.bool)  # (N, q)
+
+    def member_scores(self, contexts: Tensor) -> Tensor:
+        """(B, D) -> (q, B, A) predictions of every member."""
+        with torch.no_grad():
+            return torch.stack([m.score_all(contexts, self.arm_features) for m in self.members])
+
+    def predict(self, contexts: Tensor) -> Tensor:
+        """(B, D) -> (B, A) ensemble-mean rewards."""
+        return self.member_scores(contexts).mean(dim=0)
+
+    def select(self, contexts: Tensor, candidates: Tensor | None = None) -> Decision:
+        """Follow a uniformly chosen member; propensity averages the members' argmaxes."""
+        contexts, mask = self._prepare(contexts, candidates)
+        scores = self.member_scores(contexts).cpu()  # (q, B, A)
+        q, batch = scores.shape[0], scores.shape[1]
+        member = torch.randint(q, (batch,), generator=self.generator)
+        chosen = scores[member, torch.arange(batch)]  # (B, A)
+        mean = scores.mean(dim=0)
+        decision = greedy_decision(Scores(mean, chosen - mean), mask, self.generator)
+        propensity = torch.zeros(batch, dtype=torch.float64)
+        for i in range(q):
+            values = scores[i].double().masked_fill(~mask, float("-inf"))
+            ties = (values == values.max(dim=1, keepdim=True).values) & mask
+            hit = ties.gather(1, decision.arms[:, None]).squeeze(1).double()
+            propensity += hit / ties.sum(dim=1).double() / q
+        return Decision(decision.arms, propensity, masked(decision.scores, mask))
+
+    def update(self, batch: Transitions) -> dict[str, float]:
+        """Draw each row's membership, store; refit every member on schedule."""
+        check_batch(batch, self.context_dim, self.n_arms)  # a rejected batch draws nothing
+        draws = torch.rand(len(batch), len(self.members), generator=self.generator) < self.p
+        self.inclusion = torch.cat([self.inclusion, draws])
+        return super().update(batch)
+
+    def train(self) -> dict[str, float]:
+        """Refit each member on its own bootstrap rows."""
+        data, losses = self.buffer.view(), []
+        for i, member in enumerate(self.members):
+            rows = self.inclusion[:, i].nonzero().flatten().to(self.device)
+            if rows.numel():
+                metrics = fit(
+                    member,
+                    data.subset(rows),
+                    self.schedule.fit,
+                    self.fit_generator,
+                    arm_features=self.arm_features,
+                )
+                losses.append(metrics["loss"])
+        return {"loss": sum(losses) / max(len(losses), 1), "rows": float(len(data))}
+
+
+class Dropout(_Thompson):
+    """MC-dropout Thompson sampling (Showdown `Dropout`): trained with dropout, and each
+    decision takes the argmax of one dropout-perturbed forward pass. Default keep 0.8.
+    """
+
+    name = "Dropout"
+
+    def __init__(
+        self,
+        net_config: RewardNetConfig,
+        schedule: TrainSchedule | None = None,
+        *,
+        keep_prob: float = 0.8,
+        propensity_samples: int = 32,
+        arm_features: Tensor | None = None,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+    ) -> None:
+        keep = check_float("keep_prob", keep_prob, low=0.01, high=1.0)
+        config = dataclasses.replace(net_config, dropout=1.0 - keep)
+        super().__init__(config, schedule, arm_features=arm_features, device=device, seed=seed)
+        self.propensity_samples = check_int("propensity_samples", propensity_samples, low=0)
+        self.dropout_generator = torch.Generator(device=self.device).manual_seed(seed + 7)
+
+    def draw(self, contexts: Tensor) -> Tensor:
+        """One dropout forward pass: (B, D) -> (B, A)."""
+        with torch.no_grad():
+            return self.net.score_all(contexts, self.arm_features, self.dropout_generator)
+
+    def train(self) -> dict[str, float]:
+        """Refit with dropout masks."""
+        return fit(
+            self.net,
+            self.buffer.view(),
+            self.schedule.fit,
+            self.fit_generator,
+            arm_features=self.arm_features,
+            dropout_generator=self.dropout_generator,
+        )
+
+
+class ParamNoise(_Thompson):
+    """Parameter-noise sampling (Plappert et al. 2018; Showdown `ParamNoise`).
+
+    Each decision perturbs every weight with N(0, noise_std^2). After each refit the noise
+    adapts: x1.01 if the KL between softmax(predictions) with and without noise on
+    `d_samples` stored contexts is below -log(1 - eps + eps / A), else /1.01; eps *= 0.99.
+    Defaults noise_std 0.05, eps 0.1, d_samples 300.
+    """
+
+    name = "ParamNoise"
+
+    def __init__(
+        self,
+        net_config: RewardNetConfig,
+        schedule: TrainSchedule | None = None,
+        *,
+        noise_std: float = 0.05,
+        eps: float = 0.1,
+        d_samples: int = 300,
+        propensity_samples: int = 32,
+        arm_features: Tensor | None = None,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+    ) -> None:
+        super().__init__(net_config, schedule, arm_features=arm_features, device=device, seed=seed)
+        self.noise_std = check_float("noise_std", noise_std, low=0.0)
+        self.eps = check_float("eps", eps, low=0.0, high=1.0, low_open=True)
+        self.d_samples = check_int("d_samples", d_samples, low=1)
+        self.propensity_samples = check_int("propensity_samples", propensity_samples, low=0)
+        self.noise_generator = torch.Generator(device=self.device).manual_seed(seed + 11)
+
+    def _noisy(self, contexts: Tensor, draws: int) -> Tensor:
+        """Predictions under `draws` independent perturbations, one per context row."""
+        params = {k: v.detach() for k, v in self.net.named_parameters()}
+        noisy = {
+            k: v
+            + self.noise_std
+            * torch.randn(
+                (draws, *v.shape), generator=self.noise_generator, device=v.device, dtype=v.dtype
+            )
+            for k, v in params.items()
+        }
+        arms = torch.arange(self.n_arms, device=self.device)
+
+        def one(p: dict[str, Tensor], x: Tensor) -> Tensor:
+            pairs = x.expand(self.n_arms, -1)
+            out: Tensor = functional_call(self.net, p, (pairs, arms, self.arm_features))
+            return out  # (A,)
+
+        if draws == 1:
+            return vmap(one, in_dims=(None, 0))({k: v[0] for k, v in noisy.items()}, contexts)
+        return vmap(one)(noisy, contexts)
+
+    def draw(self, contexts: Tensor) -> Tensor:
+        """One perturbed network per context: (B, D) -> (B, A)."""
+        with torch.no_grad():
+            return self._noisy(contexts, contexts.shape[0])
+
+    def train(self) -> dict[str, float]:
+        """Refit, then adapt the noise level."""
+        metrics = super().train()
+        data = self.buffer.view()
+        rows = torch.randint(len(data), (self.d_samples,), generator=self.generator)
+        x = data.x[rows.to(self.device)]
+        with torch.no_grad():
+            kl = _softmax_kl(self.predict(x), self._noisy(x, 1))
+        delta = -math.log1p(-self.eps + self.eps / self.n_arms)
+        self.noise_std = self.noise_std * 1.01 if kl < delta else self.noise_std / 1.01
+        self.eps *= 0.99
+        return metrics | {"noise_std": self.noise_std, "kl": kl}
+
+
+def _softmax_kl(logits_p: Tensor, logits_q: Tensor) -> float:
+    """Mean KL(softmax(p) || softmax(q)) over rows, clamped at 0 per row."""
+    log_p = torch.log_softmax(logits_p.double(), dim=1)
+    log_q = torch.log_softmax(logits_q.double(), dim=1)
+    return float((log_p.exp() * (log_p - log_q)).sum(dim=1).clamp(min=0).mean())
