@@ -1,0 +1,133 @@
+"""The FastAPI app factory: `create_app(settings)`; nothing is built at import time."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from service.batcher import BatcherClosed
+from service.errors import ServiceError, Unauthorized, Unavailable
+from service.middleware import BodyLimitMiddleware, MetricsMiddleware
+from service.routes import admin, arms, health, metrics, model, reward, select
+from service.runtime import Runtime
+from service.settings import Settings, get_settings
+
+log = logging.getLogger("rofu.app")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the service for `settings` (default: from the environment)."""
+    settings = settings or get_settings()
+    runtime = Runtime(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await runtime.start()
+        try:
+            yield
+        finally:
+            await runtime.aclose()
+
+    app = FastAPI(
+        title="rofu",
+        version="1",
+        summary="Online recommendations with ROFU exploration",
+        lifespan=lifespan,
+    )
+    app.state.runtime = runtime
+    for router in (
+        select.router,
+        reward.router,
+        arms.router,
+        model.router,
+        health.router,
+        metrics.router,
+        admin.router,
+    ):
+        app.include_router(router)
+    _install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=runtime.metrics)
+    return app
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    field: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    """The one shape of every error body."""
+    body = {"error": {"code": code, "message": message, "field": field}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+HTTP_METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})
+
+
+def _allowed_methods(request: Request) -> str | None:
+    """Every method the schema documents for the request's path, for a 405's `Allow`.
+
+    Starlette names only the methods of the first route matching the path, while /arms
+    and /admin/pin are served by one route per method.
+    """
+    paths: dict[str, dict[str, Any]] = request.app.openapi().get("paths", {})
+    for template, operations in paths.items():
+        pattern = "[^/]+".join(re.escape(part) for part in re.split(r"\{[^/}]+\}", template))
+        if re.fullmatch(pattern, request.url.path):
+            return ", ".join(sorted(m.upper() for m in operations if m in HTTP_METHODS))
+    return None
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServiceError)
+    async def service_error(_: Request, exc: ServiceError) -> JSONResponse:
+        headers = None
+        if isinstance(exc, Unavailable):
+            headers = {"Retry-After": str(exc.retry_after)}
+        elif isinstance(exc, Unauthorized):
+            headers = {"WWW-Authenticate": "Bearer"}
+        return error_response(exc.status_code, exc.code, exc.message, exc.field, headers)
+
+    @app.exception_handler(BatcherClosed)
+    async def shutting_down(_: Request, exc: BatcherClosed) -> JSONResponse:
+        return error_response(
+            503, "unavailable", "the service is shutting down", headers={"Retry-After": "1"}
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first: dict[str, Any] = (
+            errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
+        )
+        if first.get("type") == "json_invalid":  # loc is ("body", character offset)
+            offset = first["loc"][-1]
+            reason = first.get("ctx", {}).get("error", "JSON decode error")
+            message = f"body: not valid JSON at character {offset} ({reason})"
+            return error_response(422, "invalid_request", message, "body")
+        location = [str(part) for part in first.get("loc", ()) if part != "body"]
+        field = ".".join(location) or "body"
+        return error_response(422, "invalid_request", f"{field}: {first.get('msg')}", field)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = _allowed_methods(request) or headers.get("Allow", "")
+        return error_response(exc.status_code, code, str(exc.detail), headers=headers or None)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(500, "internal_error", "internal error")

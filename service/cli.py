@@ -1,0 +1,164 @@
+"""The `rofu` command line: serve, migrate, trainer, pin, unpin, replay, ope, bench."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from service.settings import get_settings
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    settings = get_settings()
+    _logging(args.log_level)
+    uvicorn.run(
+        "service.app:create_app",
+        factory=True,
+        host=args.host or settings.host,
+        port=args.port or settings.port,
+        log_level=args.log_level,
+        access_log=args.access_log,
+    )
+    return 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from service import migrate
+
+    url = get_settings().database_url
+    if args.downgrade:
+        migrate.downgrade(url, args.downgrade)
+    else:
+        migrate.upgrade(url, args.revision)
+    print(f"database at {migrate.current_revision_of(url)}")
+    return 0
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def _trainer(args: argparse.Namespace) -> int:
+    from service.worker import run_trainer
+
+    _logging(args.log_level)
+    return run_trainer(get_settings(), once=args.once)
+
+
+def _pin(args: argparse.Namespace) -> int:
+    from service import pinning
+    from service.checkpoint_store import CheckpointStore
+    from service.db import repository
+    from service.db.engine import make_engine, session_factory
+    from service.errors import ServiceError
+    from service.redis_bus import RedisBus
+
+    settings = get_settings()
+    engine = make_engine(settings.database_url)
+    sessions = session_factory(engine)
+    bus = (
+        None if settings.redis_url is None else RedisBus(settings.redis_url, settings.redis_prefix)
+    )
+    try:
+        if args.command == "unpin":
+            pinning.unpin(sessions, bus)
+        elif args.version is not None:
+            store = CheckpointStore(sessions, settings.checkpoint_dir)
+            pinning.pin(sessions, store, settings.net_config(), args.version, bus)
+        pinned = repository.get_pin(sessions)
+    except ServiceError as exc:
+        print(f"rofu {args.command}: {exc.message}", file=sys.stderr)
+        return 1
+    finally:
+        engine.dispose()
+        if bus is not None:
+            bus.close()
+    print(
+        f"pinned: {pinned}" if pinned is not None else "not pinned: the newest checkpoint is served"
+    )
+    return 0
+
+
+def _bench(args: argparse.Namespace, rest: list[str]) -> int:
+    if args.which == "load":
+        from benchmarks.load import main as load_main
+
+        return load_main(rest)
+    from benchmarks.kernel import main as kernel_main
+
+    return kernel_main(rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every sub-command."""
+    parser = argparse.ArgumentParser(prog="rofu", description="rofu recommendation service")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the HTTP service (settings from ROFU_*)")
+    serve.add_argument("--host", help="bind address (default: ROFU_HOST)")
+    serve.add_argument("--port", type=int, help="port (default: ROFU_PORT)")
+    serve.add_argument(
+        "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug")
+    )
+    serve.add_argument("--access-log", action="store_true", help="log every request")
+    migrate = commands.add_parser("migrate", help="migrate the database (ROFU_DATABASE_URL)")
+    migrate.add_argument("--revision", default="head", help="upgrade to this revision")
+    migrate.add_argument("--downgrade", metavar="REVISION", help="downgrade to this revision")
+    trainer = commands.add_parser("trainer", help="run the trainer worker (production)")
+    trainer.add_argument("--once", action="store_true", help="one training run, then exit")
+    trainer.add_argument(
+        "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug")
+    )
+    pin = commands.add_parser("pin", help="roll back: serve a stored checkpoint version")
+    pin.add_argument("version", type=int, nargs="?", help="version to serve (omit: show the pin)")
+    commands.add_parser("unpin", help="serve the newest checkpoint again")
+    commands.add_parser(
+        "replay", add_help=False, help="replay harness: benchmark bandits, regret reports"
+    )
+    commands.add_parser(
+        "ope", add_help=False, help="off-policy evaluation on the Open Bandit Dataset sample"
+    )
+    bench = commands.add_parser(
+        "bench", help="benchmarks that print side-by-side ratios", add_help=False
+    )  # `rofu bench <which> --help` reaches the benchmark's own parser
+    bench.add_argument(
+        "which",
+        choices=("kernel", "load"),
+        help="kernel: the ROFU scoring kernel; load: the served API under concurrent clients",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch `rofu <command> ...`."""
+    parser = build_parser()
+    args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "bench":
+        return _bench(args, rest)
+    if args.command == "replay":
+        from replay.cli import main as replay_main
+
+        return replay_main(rest)
+    if args.command == "ope":
+        from replay.cli import ope_main
+
+        return ope_main(rest)
+    if rest:
+        parser.error(f"unrecognised arguments: {' '.join(rest)}")
+    handlers = {
+        "serve": _serve,
+        "migrate": _migrate,
+        "trainer": _trainer,
+        "pin": _pin,
+        "unpin": _pin,
+    }
+    return handlers[args.command](args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

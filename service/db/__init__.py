@@ -1,0 +1,1 @@
+"""Persistence: SQLAlchemy tables, engines and the repository of domain operations."""

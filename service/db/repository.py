@@ -1,0 +1,307 @@
+"""Domain operations on the tables. Each runs in its own transaction and either commits
+completely or changes nothing; database outages surface as `Unavailable`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TypeVar
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.orm import Session, defer
+
+from service.db.engine import SessionFactory
+from service.db.tables import ArmRow, CheckpointRow, DecisionRow, ModelPinRow, RewardRow, utcnow
+from service.errors import Conflict, NotFound, Unavailable
+
+T = TypeVar("T")
+
+
+@contextmanager
+def database_errors() -> Iterator[None]:
+    """Turn connection-level database failures into `Unavailable` (HTTP 503)."""
+    try:
+        yield
+    except IntegrityError:
+        raise
+    except (OperationalError, DBAPIError) as exc:
+        raise Unavailable(f"database unavailable: {type(exc.orig or exc).__name__}") from exc
+
+
+def _transaction(sessions: SessionFactory, work: Callable[[Session], T]) -> T:
+    with database_errors(), sessions() as session, session.begin():
+        return work(session)
+
+
+# Decisions ---------------------------------------------------------------------------
+
+
+def find_decision(sessions: SessionFactory, event_id: str) -> DecisionRow | None:
+    """The stored decision of an event, if any."""
+    return _transaction(sessions, lambda s: s.get(DecisionRow, event_id))
+
+
+def save_decision(sessions: SessionFactory, row: DecisionRow) -> tuple[DecisionRow, bool]:
+    """Insert a decision; if its event id won a race elsewhere, return that one instead.
+
+    Returns:
+        (the stored decision, whether this call created it)
+    """
+    try:
+        _transaction(sessions, lambda s: s.add(row))
+    except IntegrityError:
+        existing = find_decision(sessions, row.event_id)
+        if existing is None:  # the conflicting row vanished: nothing sane to return
+            raise
+        return existing, False
+    return row, True
+
+
+# Rewards -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RewardOutcome:
+    """What /reward reports: the stored value and whether this post was a repeat."""
+
+    event_id: str
+    value: float
+    duplicate: bool
+
+
+def attach_reward(sessions: SessionFactory, event_id: str, value: float) -> RewardOutcome:
+    """Store the reward of a decision; durable once this returns.
+
+    The first value wins: a repeat with the same value is counted as a duplicate (never
+    a second reward); a repeat with a different value raises `Conflict`.
+
+    Raises:
+        NotFound: no decision has this event id.
+        Conflict: the event already has a different reward.
+    """
+    for attempt in range(2):
+        try:
+            return _transaction(sessions, lambda s: _attach(s, event_id, value))
+        except IntegrityError:  # a concurrent first reward committed between our read and write
+            if attempt:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _attach(session: Session, event_id: str, value: float) -> RewardOutcome:
+    if session.get(DecisionRow, event_id) is None:
+        raise NotFound(f"no decision with event_id {event_id!r}", field="event_id")
+    stored = session.scalar(select(RewardRow).where(RewardRow.event_id == event_id))
+    if stored is None:
+        session.add(RewardRow(event_id=event_id, value=value))
+        session.flush()
+        return RewardOutcome(event_id, value, duplicate=False)
+    if stored.value != value:
+        raise Conflict(
+            f"event {event_id!r} already has reward {stored.value}; the first value wins",
+            field="value",
+        )
+    session.execute(
+        update(RewardRow)
+        .where(RewardRow.event_id == event_id)
+        .values(repeats=RewardRow.repeats + 1)
+    )
+    return RewardOutcome(event_id, stored.value, duplicate=True)
+
+
+def count_rewards(sessions: SessionFactory) -> int:
+    """Number of stored rewards."""
+    return _transaction(sessions, lambda s: s.scalar(select(func.count(RewardRow.id))) or 0)
+
+
+# Arms --------------------------------------------------------------------------------
+
+
+def list_arms(sessions: SessionFactory) -> list[ArmRow]:
+    """Every arm, active and retired, by slot."""
+    return _transaction(sessions, lambda s: list(s.scalars(select(ArmRow).order_by(ArmRow.slot))))
+
+
+def add_arm(
+    sessions: SessionFactory, arm_id: str, features: list[float] | None, max_arms: int
+) -> ArmRow:
+    """Add an arm in the next free slot; refuses a duplicate id or a full catalogue."""
+
+    def work(session: Session) -> ArmRow:
+        if session.get(ArmRow, arm_id) is not None:
+            raise Conflict(f"arm {arm_id!r} already exists", field="id")
+        highest = session.scalar(select(func.max(ArmRow.slot)))
+        slot = 0 if highest is None else highest + 1
+        if slot >= max_arms:
+            raise Conflict(f"the catalogue is full (max_arms={max_arms})", field="id")
+        row = ArmRow(id=arm_id, slot=slot, features=features, active=True)
+        session.add(row)
+        session.flush()
+        return row
+
+    for attempt in range(3):
+        try:
+            return _transaction(sessions, work)
+        except IntegrityError:  # a concurrent add took the same slot or id; retry
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def retire_arm(sessions: SessionFactory, arm_id: str) -> ArmRow:
+    """Retire an arm for good; retiring it again is a no-op."""
+
+    def work(session: Session) -> ArmRow:
+        row = session.get(ArmRow, arm_id)
+        if row is None:
+            raise NotFound(f"no arm {arm_id!r}", field="id")
+        if row.active:
+            row.active = False
+            row.retired_at = utcnow()
+        return row
+
+    return _transaction(sessions, work)
+
+
+def ensure_arms(
+    sessions: SessionFactory, specs: Sequence[tuple[str, list[float] | None]], max_arms: int
+) -> None:
+    """Add the configured arms that the catalogue does not hold yet."""
+    known = {row.id for row in list_arms(sessions)}
+    for arm_id, features in specs:
+        if arm_id not in known:
+            try:
+                add_arm(sessions, arm_id, features, max_arms)
+            except Conflict:
+                if arm_id not in {row.id for row in list_arms(sessions)}:
+                    raise  # a full catalogue, not a concurrent add of the same arm
+
+
+# Checkpoints and training rows ---------------------------------------------------------
+
+
+def latest_checkpoint(sessions: SessionFactory, *, with_blob: bool = True) -> CheckpointRow | None:
+    """The newest durable checkpoint."""
+
+    def work(session: Session) -> CheckpointRow | None:
+        query = select(CheckpointRow).order_by(CheckpointRow.version.desc()).limit(1)
+        if not with_blob:
+            query = query.options(defer(CheckpointRow.blob))
+        return session.scalar(query)
+
+    return _transaction(sessions, work)
+
+
+def get_checkpoint(sessions: SessionFactory, version: int) -> CheckpointRow | None:
+    """A durable checkpoint by version."""
+    return _transaction(sessions, lambda s: s.get(CheckpointRow, version))
+
+
+def list_checkpoints(sessions: SessionFactory, limit: int = 50) -> list[CheckpointRow]:
+    """Checkpoint metadata, newest first (blobs not loaded)."""
+
+    def work(session: Session) -> list[CheckpointRow]:
+        query = (
+            select(CheckpointRow)
+            .options(defer(CheckpointRow.blob))
+            .order_by(CheckpointRow.version.desc())
+            .limit(limit)
+        )
+        return list(session.scalars(query))
+
+    return _transaction(sessions, work)
+
+
+@dataclass(frozen=True)
+class TrainingRow:
+    """A decision whose reward window has closed, with its reward if one arrived."""
+
+    event_id: str
+    context: list[float]
+    slot: int
+    reward: float | None
+    created_at: datetime
+
+
+def closed_decisions(
+    sessions: SessionFactory, closed_before: datetime, limit: int
+) -> list[TrainingRow]:
+    """Untrained decisions made before `closed_before`, oldest first."""
+
+    def work(session: Session) -> list[TrainingRow]:
+        query = (
+            select(DecisionRow, RewardRow.value)
+            .outerjoin(RewardRow, RewardRow.event_id == DecisionRow.event_id)
+            .where(DecisionRow.trained_in.is_(None), DecisionRow.created_at <= closed_before)
+            .order_by(DecisionRow.created_at, DecisionRow.event_id)
+            .limit(limit)
+        )
+        return [
+            TrainingRow(d.event_id, list(d.context), d.slot, value, d.created_at)
+            for d, value in session.execute(query)
+        ]
+
+    return _transaction(sessions, work)
+
+
+def commit_checkpoint(
+    sessions: SessionFactory, row: CheckpointRow, consumed: Sequence[str]
+) -> None:
+    """Record a checkpoint and mark the decisions it consumed, in one transaction."""
+
+    def work(session: Session) -> None:
+        session.add(row)
+        _mark(session, consumed, row.version)
+
+    _transaction(sessions, work)
+
+
+def mark_consumed(sessions: SessionFactory, consumed: Sequence[str], version: int) -> None:
+    """Mark decisions consumed by `version` without storing a checkpoint."""
+
+    _transaction(sessions, lambda session: _mark(session, consumed, version))
+
+
+def _mark(session: Session, consumed: Sequence[str], version: int) -> None:
+    for start in range(0, len(consumed), 500):
+        chunk = list(consumed[start : start + 500])
+        session.execute(
+            update(DecisionRow)
+            .where(DecisionRow.event_id.in_(chunk), DecisionRow.trained_in.is_(None))
+            .values(trained_in=version)
+        )
+
+
+# The model pin --------------------------------------------------------------------------
+
+
+def get_pin(sessions: SessionFactory) -> int | None:
+    """The pinned checkpoint version, or None when the newest is served."""
+
+    def work(session: Session) -> int | None:
+        row = session.get(ModelPinRow, 1)
+        return None if row is None else row.version
+
+    return _transaction(sessions, work)
+
+
+def set_pin(sessions: SessionFactory, version: int | None) -> None:
+    """Pin a stored checkpoint version (None: unpin, serve the newest).
+
+    Raises:
+        NotFound: no checkpoint has that version.
+    """
+
+    def work(session: Session) -> None:
+        if version is not None and session.get(CheckpointRow, version) is None:
+            raise NotFound(f"no checkpoint with version {version}", field="version")
+        row = session.get(ModelPinRow, 1)
+        if row is None:
+            session.add(ModelPinRow(id=1, version=version, updated_at=utcnow()))
+        else:
+            row.version, row.updated_at = version, utcnow()
+
+    _transaction(sessions, work)

@@ -1,0 +1,122 @@
+"""The service's tables (SQLAlchemy 2 declarative); the schema is owned by Alembic."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    LargeBinary,
+    String,
+    TypeDecorator,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores them naive)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime written to a UTC column")
+        return None if value is None else value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of every table."""
+
+    type_annotation_map = {dict[str, Any]: JSON, list[float]: JSON, list[str]: JSON}
+
+
+class ArmRow(Base):
+    """The arm catalogue. A slot is the arm's output/feature index; never reused."""
+
+    __tablename__ = "arms"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    slot: Mapped[int] = mapped_column(unique=True)
+    features: Mapped[list[float] | None] = mapped_column(JSON)
+    active: Mapped[bool] = mapped_column(default=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    retired_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+
+
+class DecisionRow(Base):
+    """One /select answer: enough to replay it and to run off-policy evaluation."""
+
+    __tablename__ = "decisions"
+    __table_args__ = (Index("ix_decisions_untrained", "trained_in", "created_at"),)
+
+    event_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    context: Mapped[list[float]] = mapped_column(JSON)
+    candidates: Mapped[list[str]] = mapped_column(JSON)
+    arm_id: Mapped[str] = mapped_column(String(128))
+    slot: Mapped[int]
+    propensity: Mapped[float]
+    model_version: Mapped[int]
+    explore: Mapped[bool]
+    policy: Mapped[str] = mapped_column(String(32))
+    scores: Mapped[dict[str, Any]] = mapped_column(JSON)
+    request_hash: Mapped[str] = mapped_column(String(64))
+    trained_in: Mapped[int | None] = mapped_column(default=None)
+
+
+class RewardRow(Base):
+    """The reward of a decision: one row per event, first value wins."""
+
+    __tablename__ = "rewards"
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    event_id: Mapped[str] = mapped_column(
+        String(128), ForeignKey("decisions.event_id"), unique=True
+    )
+    value: Mapped[float]
+    received_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    repeats: Mapped[int] = mapped_column(default=0)
+
+
+class CheckpointRow(Base):
+    """A durable checkpoint: metadata, and the blob itself unless kept in a directory."""
+
+    __tablename__ = "checkpoints"
+
+    version: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    checksum: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int]
+    blob: Mapped[bytes | None] = mapped_column(LargeBinary)
+    path: Mapped[str | None] = mapped_column(String(1024))
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    rows_trained: Mapped[int]
+    n_total: Mapped[int]
+
+
+class ModelPinRow(Base):
+    """The single row saying which checkpoint to serve instead of the newest (None: newest)."""
+
+    __tablename__ = "model_pin"
+    __table_args__ = (CheckConstraint("id = 1", name="ck_model_pin_single_row"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False, default=1)
+    version: Mapped[int | None] = mapped_column(ForeignKey("checkpoints.version"))
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)

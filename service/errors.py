@@ -1,0 +1,78 @@
+"""The service's error hierarchy; `service.app` maps it to HTTP once.
+
+ServiceError (500)
+├── InvalidInput (422)      bad field values the schema cannot see (e.g. context length)
+├── NotFound (404)          unknown event or arm
+├── Conflict (409)          a repeated key with different content, a full catalogue
+├── PayloadTooLarge (413)   body over max_body_bytes
+├── Unauthorized (401)      missing or wrong API key
+├── Forbidden (403)         a valid key without the needed role
+└── Unavailable (503)       a dependency (database) is down; carries Retry-After
+"""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """Base of every error the API reports on purpose."""
+
+    status_code = 500
+    code = "internal_error"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class InvalidInput(ServiceError):
+    """A request the schema accepted but the service cannot (422)."""
+
+    status_code = 422
+    code = "invalid_input"
+
+
+class NotFound(ServiceError):
+    """The event or arm the request names does not exist (404)."""
+
+    status_code = 404
+    code = "not_found"
+
+
+class Conflict(ServiceError):
+    """The request contradicts stored state (409)."""
+
+    status_code = 409
+    code = "conflict"
+
+
+class PayloadTooLarge(ServiceError):
+    """The body exceeds the configured limit (413)."""
+
+    status_code = 413
+    code = "payload_too_large"
+
+
+class Unauthorized(ServiceError):
+    """No API key, or an unknown one (401)."""
+
+    status_code = 401
+    code = "unauthorized"
+
+
+class Forbidden(ServiceError):
+    """The key is valid but lacks the role (403)."""
+
+    status_code = 403
+    code = "forbidden"
+
+
+class Unavailable(ServiceError):
+    """A dependency is down; the client should retry after `retry_after` seconds (503)."""
+
+    status_code = 503
+    code = "unavailable"
+
+    def __init__(self, message: str, *, retry_after: int = 2) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

@@ -1,0 +1,101 @@
+"""Prometheus metrics, one registry per app (tests build several apps in one process)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+class ServiceMetrics:
+    """Every metric the API replica and its embedded trainer export."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "rofu_http_requests_total",
+            "HTTP requests by endpoint, method and status",
+            ["endpoint", "method", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "rofu_http_request_duration_seconds",
+            "HTTP request latency",
+            ["endpoint", "method", "status"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "rofu_select_batch_size",
+            "Requests scored together in one ROFU call",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.selections = Counter(
+            "rofu_selections_total",
+            "Decisions made, by arm and policy",
+            ["arm", "policy"],
+            registry=r,
+        )
+        self.rewards = Counter(
+            "rofu_rewards_total",
+            "Reward posts by outcome (accepted, duplicate, conflict, unknown_event)",
+            ["outcome"],
+            registry=r,
+        )
+        self.model_version = Gauge(
+            "rofu_model_version", "Version of the served checkpoint (0: none yet)", registry=r
+        )
+        self.checkpoint_age = Gauge(
+            "rofu_checkpoint_age_seconds",
+            "Age of the served checkpoint (0: none yet)",
+            registry=r,
+        )
+        self.checkpoint_swaps = Counter(
+            "rofu_checkpoint_swaps_total", "Checkpoints swapped in", registry=r
+        )
+        self.checkpoint_rejected = Counter(
+            "rofu_checkpoint_rejected_total",
+            "Checkpoints refused (bad checksum, shape, ...)",
+            registry=r,
+        )
+        self.trainer_loss = Gauge("rofu_trainer_loss", "Training loss of the last fit", registry=r)
+        self.trainer_rows = Counter(
+            "rofu_trainer_rows_total",
+            "Decisions consumed by the trainer, by use (rewarded, default, excluded)",
+            ["use"],
+            registry=r,
+        )
+        self.trainer_duration = Histogram(
+            "rofu_trainer_duration_seconds",
+            "Duration of one training run",
+            buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+            registry=r,
+        )
+        self.trainer_published = Counter(
+            "rofu_trainer_checkpoints_published_total",
+            "Checkpoints stored and published",
+            registry=r,
+        )
+        self.trainer_failures = Counter(
+            "rofu_trainer_failures_total", "Training runs that failed", registry=r
+        )
+        self.trainer_publish_failures = Counter(
+            "rofu_trainer_publish_failures_total",
+            "Stored checkpoints whose bus notice failed (replicas catch up by polling)",
+            registry=r,
+        )
+
+    def track_checkpoint_age(self, created_at: Callable[[], float | None]) -> None:
+        """Compute the served checkpoint's age at scrape time."""
+
+        def age() -> float:
+            stamp = created_at()
+            return 0.0 if stamp is None else max(time.time() - stamp, 0.0)
+
+        self.checkpoint_age.set_function(age)

@@ -1,0 +1,46 @@
+"""Rollback: pin the served model to a stored checkpoint, and unpin it.
+
+The pin lives in the database (durable, shared by every replica); a bus notice makes
+replicas apply it at once, and their periodic sync applies it anyway.
+"""
+
+from __future__ import annotations
+
+from models import CheckpointError, RewardNetConfig, load_checkpoint
+from service.checkpoint_store import CheckpointStore
+from service.db import repository
+from service.db.engine import SessionFactory
+from service.errors import Conflict, NotFound
+from service.redis_bus import PIN_NOTICE, RedisBus
+
+
+def pin(
+    sessions: SessionFactory,
+    store: CheckpointStore,
+    expect: RewardNetConfig,
+    version: int,
+    bus: RedisBus | None = None,
+) -> None:
+    """Serve checkpoint `version` on every replica until `unpin`.
+
+    Raises:
+        NotFound: no stored checkpoint has that version.
+        Conflict: the stored checkpoint fails verification (it would be refused).
+    """
+    stored = store.get(version)
+    if stored is None:
+        raise NotFound(f"no checkpoint with version {version}", field="version")
+    try:
+        load_checkpoint(stored[1], expect=expect)
+    except CheckpointError as exc:
+        raise Conflict(f"checkpoint {version} fails verification: {exc}", field="version") from exc
+    repository.set_pin(sessions, version)
+    if bus is not None:
+        bus.notify(PIN_NOTICE)
+
+
+def unpin(sessions: SessionFactory, bus: RedisBus | None = None) -> None:
+    """Serve the newest checkpoint again."""
+    repository.set_pin(sessions, None)
+    if bus is not None:
+        bus.notify(PIN_NOTICE)

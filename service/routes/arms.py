@@ -1,0 +1,65 @@
+"""The arm catalogue: GET /arms, POST /arms, DELETE /arms/{arm_id}."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path
+from starlette.concurrency import run_in_threadpool
+
+from service.db import repository
+from service.db.tables import ArmRow
+from service.deps import AdminAuth, ClientAuth, RuntimeDep
+from service.errors import InvalidInput
+from service.schemas import ArmRequest, ArmResponse, error_responses
+from service.settings import ARM_ID_PATTERN
+
+router = APIRouter(prefix="/arms", tags=["arms"])
+ERRORS = error_responses(401, 403, 404, 409, 422, 503)
+ArmPath = Annotated[str, Path(pattern=ARM_ID_PATTERN)]
+
+
+def _view(row: ArmRow) -> ArmResponse:
+    return ArmResponse(id=row.id, slot=row.slot, features=row.features, active=row.active)
+
+
+@router.get(
+    "",
+    response_model=list[ArmResponse],
+    responses=error_responses(401),
+    dependencies=[ClientAuth],
+)
+async def list_arms(runtime: RuntimeDep) -> list[ArmResponse]:
+    """Every arm, active and retired."""
+    rows = await run_in_threadpool(repository.list_arms, runtime.sessions)
+    return [_view(row) for row in rows]
+
+
+@router.post(
+    "",
+    response_model=ArmResponse,
+    status_code=201,
+    responses={**ERRORS, **error_responses(400)},  # 400: a body that is not UTF-8
+    dependencies=[AdminAuth],
+)
+async def add_arm(body: ArmRequest, runtime: RuntimeDep) -> ArmResponse:
+    """Add an arm; it can be selected (and explored) at once."""
+    width = 0 if body.features is None else len(body.features)
+    if width != runtime.settings.arm_feature_dim:
+        raise InvalidInput(
+            f"features: expected {runtime.settings.arm_feature_dim} values, got {width}",
+            field="features",
+        )
+    row = await run_in_threadpool(
+        repository.add_arm, runtime.sessions, body.id, body.features, runtime.settings.max_arms
+    )
+    await run_in_threadpool(runtime.catalogue.refresh)
+    return _view(row)
+
+
+@router.delete("/{arm_id}", response_model=ArmResponse, responses=ERRORS, dependencies=[AdminAuth])
+async def retire_arm(arm_id: ArmPath, runtime: RuntimeDep) -> ArmResponse:
+    """Retire an arm: it is never selected again (its history stays)."""
+    row = await run_in_threadpool(repository.retire_arm, runtime.sessions, arm_id)
+    await run_in_threadpool(runtime.catalogue.refresh)
+    return _view(row)

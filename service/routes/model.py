@@ -1,0 +1,51 @@
+"""Read-only model information: GET /model and GET /model/checkpoints."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from fastapi import APIRouter
+from starlette.concurrency import run_in_threadpool
+
+from service.db import repository
+from service.deps import ClientAuth, RuntimeDep
+from service.schemas import CheckpointInfo, ModelResponse, error_responses
+
+router = APIRouter(
+    prefix="/model", tags=["model"], dependencies=[ClientAuth], responses=error_responses(401)
+)
+
+
+@router.get("", response_model=ModelResponse)
+async def model_info(runtime: RuntimeDep) -> ModelResponse:
+    """The served checkpoint, network and ROFU settings."""
+    snapshot = runtime.holder.current
+    settings = runtime.settings
+    return ModelResponse(
+        version=0 if snapshot is None else snapshot.version,
+        checksum=None if snapshot is None else snapshot.checksum,
+        created_at=None if snapshot is None else snapshot.created_at,
+        age_seconds=None if snapshot is None else max(time.time() - snapshot.created_at, 0.0),
+        n_data=0 if snapshot is None else snapshot.data.n_total,
+        network=dataclasses.asdict(settings.net_config()),
+        rofu=dataclasses.asdict(settings.rofu_config()),
+    )
+
+
+@router.get("/checkpoints", response_model=list[CheckpointInfo])
+async def checkpoints(runtime: RuntimeDep) -> list[CheckpointInfo]:
+    """Stored checkpoints, newest first (at most 50)."""
+    rows = await run_in_threadpool(repository.list_checkpoints, runtime.sessions)
+    return [
+        CheckpointInfo(
+            version=row.version,
+            created_at=row.created_at.timestamp(),
+            checksum=row.checksum,
+            size_bytes=row.size_bytes,
+            rows_trained=row.rows_trained,
+            n_total=row.n_total,
+            metrics={k: float(v) for k, v in row.metrics.items()},
+        )
+        for row in rows
+    ]

@@ -1,0 +1,40 @@
+"""POST /reward."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.concurrency import run_in_threadpool
+
+from service.db import repository
+from service.deps import ClientAuth, RuntimeDep
+from service.errors import Conflict, InvalidInput, NotFound
+from service.schemas import RewardRequest, RewardResponse, error_responses
+
+router = APIRouter(tags=["decisions"], dependencies=[ClientAuth])
+ERRORS = error_responses(400, 401, 403, 404, 409, 413, 422, 503)
+
+
+@router.post("/reward", response_model=RewardResponse, responses=ERRORS)
+async def reward(body: RewardRequest, runtime: RuntimeDep) -> RewardResponse:
+    """Attach a reward to a decision; durable before the 2xx; the first value wins."""
+    counter = runtime.metrics.rewards
+    limit = runtime.settings.max_abs_reward
+    if abs(body.value) > limit:
+        raise InvalidInput(
+            f"value: {body.value} is beyond the bound +-{limit:g} (ROFU_MAX_ABS_REWARD)",
+            field="value",
+        )
+    try:
+        outcome = await run_in_threadpool(
+            repository.attach_reward, runtime.sessions, body.event_id, body.value
+        )
+    except NotFound:
+        counter.labels("unknown_event").inc()
+        raise
+    except Conflict:
+        counter.labels("conflict").inc()
+        raise
+    counter.labels("duplicate" if outcome.duplicate else "accepted").inc()
+    return RewardResponse(
+        event_id=outcome.event_id, value=outcome.value, duplicate=outcome.duplicate
+    )

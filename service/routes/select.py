@@ -1,0 +1,18 @@
+"""POST /select."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from service.decisions import decide
+from service.deps import ClientAuth, RuntimeDep
+from service.schemas import SelectRequest, SelectResponse, error_responses
+
+router = APIRouter(tags=["decisions"], dependencies=[ClientAuth])
+ERRORS = error_responses(400, 401, 403, 409, 413, 422, 503)
+
+
+@router.post("/select", response_model=SelectResponse, responses=ERRORS)
+async def select(body: SelectRequest, runtime: RuntimeDep) -> SelectResponse:
+    """Choose an arm for a context: the argmax of ROFU's upper confidence bound."""
+    return await decide(runtime, body)

@@ -1,0 +1,158 @@
+"""Request and response bodies of the v1 API (the OpenAPI schema is generated from these).
+
+Requests are strict: numbers must be JSON numbers (no strings, no NaN or Infinity), and
+unknown fields are refused, so a typo never passes silently.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.settings import ARM_ID_PATTERN
+
+EVENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$"
+EventId = Annotated[
+    str,
+    Field(
+        pattern=EVENT_ID_PATTERN,
+        description="Client idempotency key: 1-128 characters of [A-Za-z0-9_.:-]",
+        examples=["order-1234"],
+    ),
+]
+ArmId = Annotated[str, Field(pattern=ARM_ID_PATTERN, examples=["arm-0"])]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+FLOAT32_MAX = 3.4028234663852886e38
+# Context features go through the network in float32: larger magnitudes would be infinite.
+Feature = Annotated[float, Field(allow_inf_nan=False, ge=-FLOAT32_MAX, le=FLOAT32_MAX)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class SelectRequest(_Strict):
+    """Which arm should this context get?"""
+
+    context: Annotated[
+        list[Feature],
+        Field(
+            description="Feature vector; its length is the configured context_dim",
+            examples=[[0.1, -0.4, 1.0, 0.0, 0.3, 0.2, -1.2, 0.5]],
+        ),
+    ]
+    event_id: EventId | None = Field(
+        default=None, description="Same key -> same decision; generated when omitted"
+    )
+    arms: list[ArmId] | None = Field(
+        default=None, description="Candidate subset (default: every active arm)"
+    )
+    exclude: list[ArmId] | None = Field(default=None, description="Arms not to choose")
+    explore: bool = Field(
+        default=True, description="False: choose by the mean alone (exploit); still logged"
+    )
+
+
+class ArmScore(BaseModel):
+    """ROFU's estimates for one candidate arm (null on a cold start)."""
+
+    arm: str
+    mean: float | None
+    bonus: float | None
+    ucb: float | None
+
+
+class SelectResponse(BaseModel):
+    """The decision, and the scores it was made from."""
+
+    event_id: str
+    arm: str
+    model_version: int = Field(description="Checkpoint version used; 0 before any exists")
+    propensity: float = Field(description="Probability with which this arm was chosen")
+    explore: bool
+    policy: str = Field(description="`rofu`, or `cold-start` (uniform) before any model")
+    scores: list[ArmScore]
+
+
+class RewardRequest(_Strict):
+    """How did the decision of `event_id` go?"""
+
+    event_id: EventId
+    value: Finite = Field(description="The reward; any finite number", examples=[1.0])
+
+
+class RewardResponse(BaseModel):
+    """The stored reward. `duplicate` marks a repeat of an already stored value."""
+
+    event_id: str
+    value: float
+    duplicate: bool
+
+
+class ArmRequest(_Strict):
+    """A new arm for the catalogue."""
+
+    id: ArmId
+    features: list[Finite] | None = Field(
+        default=None, description="Required (length arm_feature_dim) for arm-feature models"
+    )
+
+
+class ArmResponse(BaseModel):
+    """An arm of the catalogue."""
+
+    id: str
+    slot: int
+    features: list[float] | None
+    active: bool
+
+
+class ModelResponse(BaseModel):
+    """The model this replica serves."""
+
+    version: int = Field(description="0: no checkpoint yet (cold start, uniform choices)")
+    checksum: str | None
+    created_at: float | None = Field(description="Unix time the trainer made it")
+    age_seconds: float | None
+    n_data: int = Field(description="|D|, logged transitions the checkpoint learned from")
+    network: dict[str, object]
+    rofu: dict[str, object]
+
+
+class CheckpointInfo(BaseModel):
+    """A stored checkpoint's metadata."""
+
+    version: int
+    created_at: float
+    checksum: str
+    size_bytes: int
+    rows_trained: int
+    n_total: int
+    metrics: dict[str, float]
+
+
+class HealthResponse(BaseModel):
+    """Liveness or readiness."""
+
+    status: str
+    checks: dict[str, str] = Field(default_factory=dict)
+
+
+class ErrorBody(BaseModel):
+    """What every error response carries."""
+
+    code: str
+    message: str
+    field: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """The body of every 4xx/5xx response."""
+
+    error: ErrorBody
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses=` entries documenting the error body for each status code."""
+    return {code: {"model": ErrorResponse} for code in codes}

@@ -1,0 +1,218 @@
+"""One settings object, read from `ROFU_*` environment variables and an optional TOML file.
+
+Precedence: constructor arguments > environment > the TOML file named by `ROFU_CONFIG_FILE`
+> defaults. The defaults are the embedded demo: SQLite file, in-process bus and trainer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from models import FitConfig, RewardNetConfig, RofuConfig
+
+ARM_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$"
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class ArmSpec(BaseModel):
+    """An arm of the catalogue: its id and, for an arm-feature network, its features."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: Annotated[str, Field(pattern=ARM_ID_PATTERN)]
+    features: list[FiniteFloat] | None = None
+
+
+def _demo_arms() -> list[ArmSpec]:
+    return [ArmSpec(id=f"arm-{i}") for i in range(4)]
+
+
+class Settings(BaseSettings):
+    """Every setting of the service, the trainer and the CLI."""
+
+    model_config = SettingsConfigDict(env_prefix="ROFU_", extra="forbid", frozen=True)
+
+    mode: Literal["embedded", "production"] = "embedded"
+    database_url: str = "sqlite:///var/rofu.sqlite"
+    redis_url: str | None = None
+    redis_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:\-]{1,64}$")] = "rofu"
+    checkpoint_dir: Path | None = None
+    data_dir: Path | None = None
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=1, le=65535)] = 8000
+
+    # The decision problem and the reward network.
+    context_dim: Annotated[int, Field(ge=1, le=100_000)] = 8
+    arms: list[ArmSpec] = Field(default_factory=_demo_arms)
+    arm_feature_dim: Annotated[int, Field(ge=0)] = 0
+    max_arms: Annotated[int, Field(ge=1, le=100_000)] = 64
+    hidden: tuple[int, ...] = (64, 64)
+    activation: Literal["relu", "tanh", "gelu", "elu", "sigmoid", "identity"] = "relu"
+    seed: Annotated[int, Field(ge=0)] = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    # ROFU (see models.rofu.RofuConfig).
+    steps: Annotated[int, Field(ge=0, le=1000)] = 5
+    step_size: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 0.01
+    step_decay: Annotated[float, Field(gt=0, le=1)] = 1.0
+    eta: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
+    regulariser: Literal["dataset", "arm_count"] = "dataset"
+    l2: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    minibatch_size: Annotated[int, Field(ge=1)] = 256
+    bonus_scale: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
+    baseline: Literal["start", "drift"] = "start"
+
+    # API keys (Authorization: Bearer <key>). Client keys: /select, /reward and reads;
+    # admin keys: catalogue changes and /admin. Files hold one key per line.
+    api_keys: list[SecretStr] = Field(default_factory=list)
+    api_keys_file: Path | None = None
+    admin_api_keys: list[SecretStr] = Field(default_factory=list)
+    admin_api_keys_file: Path | None = None
+
+    # Input bounds: larger magnitudes are refused (422) so that no value can push the
+    # network's training out of floating-point range. Scale features to match.
+    max_abs_feature: Annotated[float, Field(gt=0, le=1e30, allow_inf_nan=False)] = 1e6
+    max_abs_reward: Annotated[float, Field(gt=0, le=1e30, allow_inf_nan=False)] = 1e6
+
+    # Micro-batching and request limits.
+    batch_max_size: Annotated[int, Field(ge=1, le=4096)] = 64
+    batch_max_wait_ms: Annotated[float, Field(ge=0, le=1000)] = 2.0
+    max_body_bytes: Annotated[int, Field(ge=256)] = 256 * 1024
+
+    # The trainer.
+    embedded_trainer: bool = True
+    train_every_rewards: Annotated[int, Field(ge=1)] = 50
+    train_interval_seconds: Annotated[float, Field(gt=0)] = 30.0
+    reward_window_seconds: Annotated[float, Field(ge=0)] = 60.0
+    default_reward: FiniteFloat | None = None
+    data_sample_size: Annotated[int, Field(ge=1)] = 20_000
+    fit_steps: Annotated[int, Field(ge=0)] = 200
+    fit_batch_size: Annotated[int, Field(ge=1)] = 256
+    fit_optimizer: Literal["sgd", "adam", "rmsprop"] = "adam"
+    fit_lr: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1e-3
+
+    trainer_metrics_port: Annotated[int, Field(ge=0, le=65535)] = 9101  # 0: no endpoint
+    startup_timeout_seconds: Annotated[float, Field(gt=0)] = 120.0
+
+    # Replicas following the checkpoint bus.
+    checkpoint_poll_seconds: Annotated[float, Field(gt=0)] = 5.0
+    arm_refresh_seconds: Annotated[float, Field(gt=0)] = 5.0
+
+    @field_validator("hidden")
+    @classmethod
+    def _positive_widths(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if any(width < 1 for width in value):
+            raise ValueError("every hidden width must be >= 1")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _supported_database(cls, value: str) -> str:
+        if not re.match(r"^(sqlite|postgresql(\+psycopg)?)://", value):
+            raise ValueError("database_url must start with sqlite:// or postgresql://")
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^rediss?://", value):
+            raise ValueError("redis_url must start with redis:// or rediss://")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        ids = [arm.id for arm in self.arms]
+        if len(set(ids)) != len(ids):
+            raise ValueError("arms: arm ids must be unique")
+        if len(ids) > self.max_arms:
+            raise ValueError(f"arms: {len(ids)} arms exceed max_arms={self.max_arms}")
+        for arm in self.arms:
+            width = len(arm.features) if arm.features is not None else 0
+            if width != self.arm_feature_dim:
+                raise ValueError(
+                    f"arms: arm {arm.id!r} has {width} features, arm_feature_dim is "
+                    f"{self.arm_feature_dim}"
+                )
+        if self.mode == "production":
+            if self.database_url.startswith("sqlite"):
+                raise ValueError("production mode needs a Postgres database_url, not SQLite")
+            if self.redis_url is None:
+                raise ValueError("production mode needs redis_url (the checkpoint bus)")
+        return self
+
+    @property
+    def is_sqlite(self) -> bool:
+        """Whether the database is the embedded SQLite file."""
+        return self.database_url.startswith("sqlite")
+
+    def net_config(self) -> RewardNetConfig:
+        """The reward network every replica and the trainer build."""
+        per_arm = self.arm_feature_dim == 0
+        return RewardNetConfig(
+            context_dim=self.context_dim,
+            n_arms=self.max_arms if per_arm else 0,
+            hidden=self.hidden,
+            activation=self.activation,
+            arm_feature_dim=self.arm_feature_dim,
+            seed=self.seed,
+        )
+
+    def rofu_config(self) -> RofuConfig:
+        """The ROFU estimator's hyper-parameters."""
+        return RofuConfig(
+            steps=self.steps,
+            step_size=self.step_size,
+            step_decay=self.step_decay,
+            eta=self.eta,
+            regulariser=self.regulariser,
+            l2=self.l2,
+            minibatch_size=self.minibatch_size,
+            bonus_scale=self.bonus_scale,
+            baseline=self.baseline,
+        )
+
+    def fit_config(self) -> FitConfig:
+        """How the trainer refits theta_t from theta_{t-1}."""
+        return FitConfig(
+            steps=self.fit_steps,
+            batch_size=self.fit_batch_size,
+            optimizer=self.fit_optimizer,
+            lr=self.fit_lr,
+        )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Add the TOML file named by ROFU_CONFIG_FILE below the environment."""
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = os.environ.get("ROFU_CONFIG_FILE")
+        if config_file:
+            path = Path(config_file)
+            if not path.is_file():
+                raise ValueError(f"ROFU_CONFIG_FILE={config_file} is not a readable file")
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        return tuple(sources)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, read once."""
+    return Settings()

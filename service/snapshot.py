@@ -1,0 +1,77 @@
+"""The served model: an immutable snapshot, swapped atomically when a checkpoint arrives.
+
+A batch takes `holder.current` once and scores entirely with it, so requests in flight
+finish on the snapshot they started with while a newer one is swapped in.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from models import Checkpoint, RegulariserData, RewardNet, RewardNetConfig, load_checkpoint
+from models.checkpoint import checkpoint_checksum
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A checkpoint made ready to score: network and regulariser data on the device."""
+
+    version: int
+    checksum: str
+    net: RewardNet
+    data: RegulariserData
+    created_at: float  # unix time the trainer made it
+    loaded_at: float  # unix time this replica loaded it
+
+    @classmethod
+    def from_blob(cls, blob: bytes, expect: RewardNetConfig, device: torch.device) -> Snapshot:
+        """Verify and load a checkpoint blob; raises CheckpointError if it is bad."""
+        checkpoint: Checkpoint = load_checkpoint(blob, expect=expect)
+        try:
+            created_at = float(checkpoint.extra.get("created_at", "nan"))
+        except ValueError:
+            created_at = float("nan")
+        if created_at != created_at:  # NaN: not recorded
+            created_at = time.time()
+        net = checkpoint.network().to(device)
+        data = RegulariserData(
+            checkpoint.data.sample.to(device), checkpoint.data.n_total, checkpoint.data.arm_counts
+        )
+        return cls(
+            version=checkpoint.version,
+            checksum=checkpoint_checksum(blob),
+            net=net,
+            data=data,
+            created_at=created_at,
+            loaded_at=time.time(),
+        )
+
+
+class SnapshotHolder:
+    """The replica's current snapshot (None before any checkpoint exists)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._current: Snapshot | None = None
+
+    @property
+    def current(self) -> Snapshot | None:
+        """The snapshot new batches score with."""
+        return self._current
+
+    def swap(self, snapshot: Snapshot, *, only_newer: bool = True) -> bool:
+        """Serve `snapshot` from now on, unless `only_newer` and it is not newer.
+
+        Checkpoints can arrive by two paths at once (bus notice, store poll); refusing
+        older ones keeps the served version from going back. Returns whether it swapped.
+        """
+        with self._lock:
+            current = self._current
+            if only_newer and current is not None and snapshot.version <= current.version:
+                return False
+            self._current = snapshot
+        return True
