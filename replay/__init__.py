@@ -1,0 +1,1 @@
+"""The replay-simulation harness: benchmark bandits, paired-seed runs and regret reports."""

@@ -1,0 +1,166 @@
+"""`rofu replay`: run a protocol (or parts of it) and write the report; `--http URL`
+plays the streams against a live service instead."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from replay.policies import POLICIES
+from replay.runner import PROTOCOLS, jobs_for, run_jobs
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """`0-3` or `0,1,5` -> seeds."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise argparse.ArgumentTypeError(f"seeds must look like 0-3 or 0,1,5, got {text!r}")
+        seeds.extend(range(int(low), int(high or low) + 1))
+    return tuple(seeds)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The options of `rofu replay`."""
+    parser = argparse.ArgumentParser(prog="rofu replay", description=__doc__)
+    parser.add_argument(
+        "--protocol",
+        choices=sorted(PROTOCOLS),
+        default="quick",
+        help="quick: T=2000, 4 seeds; paper: T=20000, 16 seeds, paper data sets",
+    )
+    parser.add_argument("--datasets", type=_names, help="comma-separated (default: protocol's)")
+    parser.add_argument("--policies", type=_names, help="comma-separated (default: all built in)")
+    parser.add_argument("--seeds", type=parse_seeds, help="e.g. 0-3 (default: protocol's)")
+    parser.add_argument("--rounds", type=int, help="T (default: protocol's)")
+    parser.add_argument("--workers", type=int, default=1, help="parallel worker processes")
+    parser.add_argument("--out", type=Path, help="results folder (default results/<protocol>)")
+    parser.add_argument("--data-dir", type=Path, help="benchmark data (default ROFU_DATA_DIR)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--report-only", action="store_true", help="only rebuild the report")
+    parser.add_argument("--http", metavar="URL", help="play against a live service at URL")
+    parser.add_argument("--no-progress", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `rofu replay`."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    protocol = PROTOCOLS[args.protocol]
+    datasets = args.datasets or protocol.datasets
+    seeds = args.seeds or protocol.seeds
+    rounds = args.rounds or protocol.rounds
+    if rounds < 1 or args.workers < 1:
+        parser.error("--rounds and --workers must be >= 1")
+    out = args.out or Path("results") / args.protocol
+    if args.http:
+        return _http(args.http, datasets, seeds, rounds, out, args.data_dir)
+    policies = args.policies or tuple(POLICIES)
+    unknown = [p for p in policies if p not in POLICIES and not p.startswith(("VW-", "ROFU@"))]
+    if unknown:
+        parser.error(
+            f"unknown policies {unknown}; known: {', '.join(POLICIES)}, VW-SquareCB, "
+            "VW-EpsilonGreedy"
+        )
+    if not args.report_only:
+        run_jobs(
+            jobs_for(datasets, policies, seeds, rounds),
+            out,
+            workers=args.workers,
+            data_dir=args.data_dir,
+            device=args.device,
+            progress=not args.no_progress,
+        )
+    from replay.report import write_report
+
+    command = "rofu replay " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    preamble = (
+        f"Protocol `{protocol.name}` as run: T = {rounds} rounds, seeds "
+        f"{list(seeds)}; regenerate with `{command}`."
+    )
+    print(write_report(out, f"Replay report: {protocol.name}", preamble, rounds=rounds))
+    return 0
+
+
+def _http(
+    url: str,
+    datasets: tuple[str, ...],
+    seeds: tuple[int, ...],
+    rounds: int,
+    out: Path,
+    data_dir: Path | None,
+) -> int:
+    from replay.datasets import load_bandit
+    from replay.http_driver import play
+
+    figures = []
+    for name in datasets:
+        bandit = load_bandit(name, data_dir)
+        for seed in seeds:
+            run = play(url, bandit, bandit.stream(rounds, seed), seed)
+            run.result.save(out / "http" / name / f"seed{seed}-T{rounds}.npz")
+            figures.append(
+                {
+                    "dataset": name,
+                    "seed": seed,
+                    "rounds": rounds,
+                    "pseudo_regret": run.result.final_pseudo_regret,
+                    "regret": run.result.final_regret,
+                    **run.percentiles(),
+                }
+            )
+            print(json.dumps(figures[-1]))
+    (out / "http").mkdir(parents=True, exist_ok=True)
+    (out / "http" / "results.json").write_text(json.dumps(figures, indent=2))
+    return 0
+
+
+def ope_main(argv: list[str] | None = None) -> int:
+    """Entry point of `rofu ope`: off-policy estimates on the Open Bandit Dataset sample."""
+    from replay.ope import run_ope
+
+    parser = argparse.ArgumentParser(
+        prog="rofu ope",
+        description="Replay (Li et al. 2011), IPS and DR estimates of each policy's value on "
+        "the Open Bandit Dataset sample, with 95% confidence intervals.",
+    )
+    parser.add_argument(
+        "--behavior",
+        choices=("random", "bts"),
+        default="random",
+        help="the logged policy (replay needs the uniform-random log)",
+    )
+    parser.add_argument("--campaign", choices=("all", "men", "women"), default="all")
+    parser.add_argument(
+        "--policies",
+        type=_names,
+        default=(),
+        help="comma-separated (default: Uniform, EpsilonGreedy, LinUCB, ROFU)",
+    )
+    parser.add_argument("--rows", type=int, help="only the first N logged rows")
+    parser.add_argument("--ci", choices=("normal", "bootstrap"), default="normal")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data-dir", type=Path)
+    parser.add_argument("--out", type=Path, default=Path("results") / "ope")
+    args = parser.parse_args(argv)
+    run_ope(
+        list(args.policies),
+        args.behavior,
+        args.campaign,
+        args.data_dir,
+        args.seed,
+        args.out,
+        rows=args.rows,
+        ci=args.ci,
+    )
+    print(args.out / f"ope_{args.behavior}_{args.campaign}.md")
+    return 0

@@ -1,0 +1,216 @@
+"""The Deep Bayesian Bandits Showdown data sets (Riquelme et al. 2018) as `Bandit`s.
+
+One loader per data set reads the files under the benchmark data folder (see
+`shared/data/SOURCES.md`) and returns a bandit; `replay/DATASETS.md` records for each the
+files, pool size, context dim, arms, reward rule and every departure from the Showdown.
+Shared departures: every pool bandit draws its rows uniformly *with* replacement (the
+Showdown shuffles and takes the first T rows, except for Mushroom) and z-scores with the
+statistics of the whole pool (the Showdown: of the T rows it kept); Adult's and Census's
+one-hot columns stay 0/1 (the Showdown z-scores them too; `zscore_all=True` does that).
+Covertype and Census are only partly available; Census is for format and loader tests only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from replay import config
+from replay.bandits import Bandit, MLPBandit, PoolBandit, WheelBandit
+from replay.conversions import (
+    FinancialBandit,
+    class_means,
+    label_codes,
+    mushroom_means,
+    mushroom_sampler,
+    one_hot,
+    zscore,
+)
+
+ADULT_COLUMNS = (
+    "age", "workclass", "fnlwgt", "education", "education-num", "marital-status",
+    "occupation", "relationship", "race", "sex", "capital-gain", "capital-loss",
+    "hours-per-week", "native-country", "income",
+)  # fmt: skip
+ADULT_NUMERIC = ("age", "fnlwgt", "education-num", "capital-gain", "capital-loss", "hours-per-week")
+JESTER_CONTEXT_JOKES, JESTER_ARMS = 32, 8
+FINANCIAL_ARMS = 8
+
+
+def _expect_columns(array: np.ndarray, columns: int, path: Path) -> np.ndarray:
+    if array.ndim != 2 or array.shape[1] != columns:
+        raise ValueError(f"{path}: expected {columns} columns, got shape {array.shape}")
+    return array
+
+
+def load_mushroom(folder: Path) -> PoolBandit:
+    """UCI Mushroom: one-hot of the 22 attributes; arm 0 don't eat, arm 1 eat."""
+    path = folder / "mushroom" / "agaricus-lepiota.data"
+    frame = pd.read_csv(path, header=None, dtype=str)
+    _expect_columns(frame.to_numpy(), 23, path)
+    # '?' (stalk-root unknown) stays a category of its own, as in the Showdown
+    contexts = one_hot(frame.iloc[:, 1:])
+    poisonous = (frame[0] == "p").to_numpy()
+    notes = (
+        f"UCI agaricus-lepiota.data, {len(frame)} rows; one-hot of the 22 attributes in file "
+        f"order ({contexts.shape[1]} dims, '?' a category); arm 0 don't eat (0), arm 1 eat "
+        "(+5 edible; poisonous +5 or -35 on a fair per-round coin, mean -15)"
+    )
+    return PoolBandit(
+        "mushroom", contexts, mushroom_means(poisonous), mushroom_sampler(poisonous), notes
+    )
+
+
+def load_statlog(folder: Path) -> PoolBandit:
+    """UCI Statlog (Shuttle), shuttle.trn only as the Showdown: 9 z-scored features, 7 classes."""
+    path = folder / "statlog_shuttle" / "shuttle.trn"
+    data = _expect_columns(np.loadtxt(path), 10, path)
+    notes = (
+        f"UCI shuttle.trn only (as the Showdown; shuttle.tst unused), {len(data)} rows; "
+        "9 features z-scored on the pool; classes 1..7 -> arms 0..6, reward 1 if true class"
+    )
+    labels = data[:, -1].astype(np.int64) - 1
+    return PoolBandit("statlog", zscore(data[:, :-1]), class_means(labels, 7), notes=notes)
+
+
+def load_covertype(folder: Path) -> PoolBandit:
+    """UCI Covertype, PARTIAL: the 92962-row random subset; all 54 columns z-scored."""
+    path = folder / "covertype" / "covtype_ramp92962.data.gz"
+    data = _expect_columns(pd.read_csv(path, header=None).to_numpy(), 55, path)
+    notes = (
+        f"PARTIAL: {len(data)}-row random subset (16%) of UCI covtype, no header row lost; "
+        "all 54 columns z-scored on the pool (binary ones too, as the Showdown); "
+        "classes 1..7 -> arms 0..6, reward 1 if true class"
+    )
+    labels = data[:, -1].astype(np.int64) - 1
+    return PoolBandit("covertype", zscore(data[:, :-1]), class_means(labels, 7), notes=notes)
+
+
+def _read_adult(folder: Path) -> pd.DataFrame:
+    """adult.data + adult.test (its first line skipped, the '.' of its labels stripped)."""
+    read = {
+        "header": None,
+        "names": list(ADULT_COLUMNS),
+        "skipinitialspace": True,
+        "na_values": "?",
+    }
+    train = pd.read_csv(folder / "adult" / "adult.data", **read)
+    test = pd.read_csv(folder / "adult" / "adult.test", skiprows=1, **read)
+    test["income"] = test["income"].str.rstrip(".")
+    return pd.concat([train, test], ignore_index=True).dropna().reset_index(drop=True)
+
+
+def load_adult(folder: Path, *, zscore_all: bool = False) -> PoolBandit:
+    """UCI Adult: label occupation (14 arms); z-scored numeric + one-hot categorical features.
+
+    Args:
+        folder: the benchmark data folder.
+        zscore_all: also z-score the one-hot columns, as the Showdown does.
+    """
+    frame = _read_adult(folder)
+    codes, classes = label_codes(frame["occupation"])
+    categorical = [c for c in ADULT_COLUMNS if c not in (*ADULT_NUMERIC, "occupation")]
+    numeric = zscore(frame[list(ADULT_NUMERIC)].to_numpy())
+    dummies = one_hot(frame[categorical])
+    contexts = np.hstack([numeric, zscore(dummies) if zscore_all else dummies])
+    notes = (
+        f"UCI adult.data + adult.test minus rows with '?': {len(frame)} rows; label occupation "
+        f"({len(classes)}, sorted) -> arms; 6 numeric z-scored + one-hot of 8 categorical incl. "
+        f"income = {contexts.shape[1]} dims (Showdown 94: income kept the test file's '.')"
+        + ("; one-hot columns z-scored too" if zscore_all else "")
+    )
+    return PoolBandit("adult", contexts, class_means(codes, len(classes)), notes=notes)
+
+
+def load_census(folder: Path, *, zscore_all: bool = False) -> PoolBandit:
+    """US Census 1990, PARTIAL (first 199 rows): one-hot features, label dOccup.
+
+    Args:
+        folder: the benchmark data folder.
+        zscore_all: also z-score the one-hot columns, as the Showdown does.
+    """
+    path = folder / "census1990" / "USCensus1990.first199rows.csv"
+    frame = pd.read_csv(path)
+    codes, classes = label_codes(frame["dOccup"])
+    contexts = one_hot(frame.drop(columns=["caseid", "dOccup"]))
+    if zscore_all:
+        contexts = zscore(contexts)
+    notes = (
+        f"PARTIAL, formats and loader tests only, not for benchmarking: first {len(frame)} rows "
+        f"of USCensus1990; one-hot of the {frame.shape[1] - 2} columns but caseid and dOccup "
+        f"({contexts.shape[1]} dims; Showdown ~389); dOccup -> arms by sorted value, only the "
+        f"{len(classes)} that occur (full data: 9)"
+    )
+    return PoolBandit("census", contexts, class_means(codes, len(classes)), notes=notes)
+
+
+def load_jester(folder: Path) -> PoolBandit:
+    """Jester 40 jokes x 19181 users: 32 ratings as context, the other 8 jokes as arms."""
+    path = folder / "jester" / "jester_data_40jokes_19181users.npy"
+    ratings = np.load(path, allow_pickle=False)
+    _expect_columns(ratings, JESTER_CONTEXT_JOKES + JESTER_ARMS, path)
+    notes = (
+        f"Jester {ratings.shape[1]} jokes x {len(ratings)} users, rebuilt (column order not "
+        "confirmed as the Showdown's); raw ratings of the first 32 jokes as context, arms = "
+        "last 8 jokes, reward = the user's rating; no column shuffle"
+    )
+    return PoolBandit(
+        "jester", ratings[:, :JESTER_CONTEXT_JOKES], ratings[:, JESTER_CONTEXT_JOKES:], notes=notes
+    )
+
+
+def load_financial(folder: Path) -> FinancialBandit:
+    """Financial: raw stock contexts, 8 linear arms drawn per seed."""
+    path = folder / "financial" / "raw_stock_contexts"
+    contexts = _expect_columns(np.loadtxt(path, skiprows=1), 21, path)
+    notes = (
+        f"raw_stock_contexts {len(contexts)} days x {contexts.shape[1]} stocks, raw as the "
+        f"Showdown; {FINANCIAL_ARMS} arms, mean x . beta_a, beta_a uniform in [-1, 1]^D "
+        "scaled to unit norm per seed, noise std 0.01 (a + 1)"
+    )
+    return FinancialBandit(contexts, FINANCIAL_ARMS, 0.01, notes)
+
+
+def load_wheel(folder: Path) -> Bandit:
+    """The wheel bandit with the Showdown's delta 0.95 (the folder is ignored)."""
+    return WheelBandit()
+
+
+def load_mlp(folder: Path) -> Bandit:
+    """The paper's MLP bandit (the folder is ignored)."""
+    return MLPBandit()
+
+
+DATASETS: dict[str, Callable[[Path], Bandit]] = {
+    "mushroom": load_mushroom,
+    "statlog": load_statlog,
+    "covertype": load_covertype,
+    "adult": load_adult,
+    "census": load_census,
+    "jester": load_jester,
+    "financial": load_financial,
+    "wheel": load_wheel,
+    "mlp": load_mlp,
+}
+SYNTHETIC = frozenset({"wheel", "mlp"})
+
+
+def load_bandit(name: str, data_dir: Path | None = None) -> Bandit:
+    """The bandit of a data set, by (case-insensitive) name.
+
+    Args:
+        name: a key of `DATASETS`.
+        data_dir: the benchmark data folder; None resolves it with `config.data_dir`.
+
+    Raises:
+        ValueError: the name is not a known data set.
+        FileNotFoundError: the data set needs files and the folder (or a file) is missing.
+    """
+    key = name.lower()
+    if key not in DATASETS:
+        raise ValueError(f"unknown data set {name!r}; known: {', '.join(DATASETS)}")
+    folder = Path(data_dir or ".") if key in SYNTHETIC else config.data_dir(data_dir)
+    return DATASETS[key](folder)

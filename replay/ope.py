@@ -1,0 +1,380 @@
+"""Off-policy evaluation of learning policies on logged bandit feedback (replay, IPS, DR).
+
+One online pass per policy streams the log in time order; at each row the policy chooses
+among all items and learns (`Policy.update`) from the row only when its choice equals the
+logged item (a "match"), as in the replay method of Li, Chu, Langford & Wang (2011). All
+estimators read that one pass, so they estimate one quantity: the mean per-row reward of
+the sequence of policies the pass produced.
+
+* replay: mean reward over matched rows; unbiased only for a uniform-random log, so it is
+  refused for any other (bts).
+* IPS: (1/N) sum_i r_i 1[pick_i = a_i] / p_i. The indicator is a one-sample estimate of
+  pi_i(a_i | x_i): unbiased for stochastic policies too, and for any logger with known
+  propensities; with a skewed logger the policy learns from an over-sample of the items
+  the logger favours, and IPS and DR stay unbiased for the policies it reaches.
+* DR: (1/N) sum_i [q(x_i, pick_i) + 1[pick_i = a_i] / p_i (r_i - q(x_i, a_i))], the
+  one-sample form of sum_a pi(a | x) q(x, a); q is `replay.obd.item_ctr_table` (per-item
+  CTR shrunk to the overall CTR, cross-fitted over folds of rows).
+
+Each estimate is sum(num) / sum(den) over rows with a 95% interval: the normal
+approximation (delta-method standard error) or, with `ci="bootstrap"`, the percentile
+bootstrap over rows from a fixed-seed numpy Generator. Both collapse when no matched row
+was clicked; `Estimate.matched_reward` says how many were.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from models.policies import Policy
+from models.validation import check_choice, check_int
+from replay.obd import (
+    POLICY_NOTES,
+    LoggedBandit,
+    PolicyFactory,
+    RewardTable,
+    default_policies,
+    item_ctr_table,
+    load_obd,
+)
+
+ESTIMATORS = ("replay", "ips", "dr")
+Z95 = 1.959963984540054
+Rng = np.random.Generator | None
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A policy value with its 95% confidence interval.
+
+    Attributes:
+        value: the estimate (NaN when no row supports it).
+        ci_low, ci_high: the interval's ends.
+        n: logged rows used.
+        n_matched: rows where the policy chose the logged item (None for on-policy means).
+        matched_reward: reward summed over matched rows (clicks).
+    """
+
+    value: float
+    ci_low: float
+    ci_high: float
+    n: int
+    n_matched: int | None = None
+    matched_reward: float | None = None
+
+
+def ratio_estimate(
+    num: np.ndarray,
+    den: np.ndarray,
+    *,
+    ci: str = "normal",
+    rng: Rng = None,
+    n_boot: int = 1000,
+) -> tuple[float, float, float]:
+    """sum(num) / sum(den) over rows with a 95% interval. (N,), (N,) -> (value, low, high).
+
+    `normal`: value -/+ 1.96 se, se^2 = k/(k-1) sum (num - value den)^2 / sum(den)^2 with
+    k the rows where den > 0 (the sample variance / n for a plain mean). `bootstrap`: the
+    2.5 and 97.5 percentiles over `n_boot` resamples of the rows.
+    """
+    check_choice("ci", ci, ("normal", "bootstrap"))
+    total = float(den.sum())
+    if total <= 0:
+        return math.nan, math.nan, math.nan
+    value = float(num.sum()) / total
+    if ci == "bootstrap":
+        low, high = _bootstrap(num, den, rng or np.random.default_rng(0), n_boot)
+        return value, low, high
+    k = int(np.count_nonzero(den))
+    if k < 2:
+        return value, math.nan, math.nan
+    se = math.sqrt(float(np.square(num - value * den).sum()) * k / (k - 1)) / total
+    return value, value - Z95 * se, value + Z95 * se
+
+
+def _bootstrap(
+    num: np.ndarray, den: np.ndarray, rng: np.random.Generator, n_boot: int
+) -> tuple[float, float]:
+    n, values = len(num), []
+    for start in range(0, n_boot, 100):
+        rows = rng.integers(n, size=(min(100, n_boot - start), n))  # (b, N)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            values.append(num[rows].sum(axis=1) / den[rows].sum(axis=1))
+    low, high = np.nanpercentile(np.concatenate(values), [2.5, 97.5])
+    return float(low), float(high)
+
+
+def _estimate(
+    num: np.ndarray,
+    den: np.ndarray,
+    matched: np.ndarray | None,
+    rewards: np.ndarray,
+    ci: str,
+    rng: np.random.Generator | None,
+) -> Estimate:
+    value, low, high = ratio_estimate(num, den, ci=ci, rng=rng)
+    if matched is None:
+        return Estimate(value, low, high, len(num))
+    hits = float(rewards[matched].sum())
+    return Estimate(value, low, high, len(num), int(matched.sum()), hits)
+
+
+def replay_estimate(
+    rewards: np.ndarray, matched: np.ndarray, *, ci: str = "normal", rng: Rng = None
+) -> Estimate:
+    """Mean reward over matched rows (Li et al. 2011); needs a uniform-random log.
+
+    Args:
+        rewards: (N,) logged rewards.
+        matched: (N,) bool, the policy chose the logged item.
+        ci, rng: as in `ratio_estimate`.
+    """
+    m = matched.astype(np.float64)
+    return _estimate(rewards * m, m, matched, rewards, ci, rng)
+
+
+def ips_estimate(
+    rewards: np.ndarray,
+    matched: np.ndarray,
+    propensities: np.ndarray,
+    *,
+    ci: str = "normal",
+    rng: Rng = None,
+) -> Estimate:
+    """(1/N) sum r 1[match] / p over (N,) arrays; the rest as in `replay_estimate`."""
+    terms = rewards * matched / propensities
+    return _estimate(terms, np.ones_like(terms), matched, rewards, ci, rng)
+
+
+def dr_estimate(
+    rewards: np.ndarray,
+    matched: np.ndarray,
+    propensities: np.ndarray,
+    q_logged: np.ndarray,
+    q_pick: np.ndarray,
+    *,
+    ci: str = "normal",
+    rng: Rng = None,
+) -> Estimate:
+    """(1/N) sum [q(x, pick) + 1[match] / p (r - q(x, a))].
+
+    Args:
+        q_logged: (N,) reward model at the logged item. q_pick: (N,) at the policy's pick.
+        The rest as in `ips_estimate`.
+    """
+    terms = q_pick + matched / propensities * (rewards - q_logged)
+    return _estimate(terms, np.ones_like(terms), matched, rewards, ci, rng)
+
+
+def behavior_value(logged: LoggedBandit, *, ci: str = "normal", rng: Rng = None) -> Estimate:
+    """The logging policy's own value: mean reward of the log (on-policy)."""
+    ones = np.ones_like(logged.rewards)
+    return _estimate(logged.rewards, ones, None, logged.rewards, ci, rng)
+
+
+def policy_pass(policy: Policy, logged: LoggedBandit, *, chunk_size: int = 16) -> np.ndarray:
+    """Stream the log through `policy`; it learns from matched rows only. -> (N,) picks.
+
+    Rows are selected `chunk_size` at a time: the policy does not change until its first
+    match in the chunk, so the picks up to that row are the ones a row-by-row loop would
+    make (with other random draws); the rows after it are selected again after the update.
+    """
+    check_int("chunk_size", chunk_size, low=1)
+    contexts = torch.tensor(logged.contexts)  # a copy: the log may be read-only
+    picks = np.empty(len(logged), dtype=np.int64)
+    start = 0
+    while start < len(logged):
+        stop = min(start + chunk_size, len(logged))
+        arms = policy.select(contexts[start:stop]).arms.cpu().numpy()
+        hits = np.flatnonzero(arms == logged.actions[start:stop])
+        end = stop if hits.size == 0 else start + int(hits[0]) + 1
+        picks[start:end] = arms[: end - start]
+        if hits.size:
+            policy.update(logged.transitions(slice(end - 1, end)))
+        start = end
+    return picks
+
+
+def evaluate(
+    policies: dict[str, PolicyFactory],
+    logged: LoggedBandit,
+    *,
+    estimators: Sequence[str] | None = None,
+    ci: str = "normal",
+    seed: int = 0,
+    chunk_size: int = 16,
+    reward_model: RewardTable | None = None,
+) -> dict[str, dict[str, Estimate]]:
+    """Run each policy factory (context_dim, n_arms) -> Policy once over the log.
+
+    Args:
+        policies: name -> factory; each factory is called once, for a fresh policy.
+        logged: the log, in time order.
+        estimators: among `replay`, `ips`, `dr`; None gives all three on a uniform log and
+            `ips`, `dr` otherwise.
+        ci: `normal` or `bootstrap` (bootstrap rows drawn from default_rng(seed)).
+        seed: seeds the bootstrap and the reward model's folds (not the policies).
+        chunk_size: rows per `select` call (see `policy_pass`).
+        reward_model: DR's q; `item_ctr_table(logged, seed=seed)` when None.
+
+    Returns:
+        policy name -> estimator name -> Estimate.
+
+    Raises:
+        ValueError: `replay` asked for on a log that is not uniform-random.
+    """
+    names = _estimators(estimators, logged)
+    table = item_ctr_table(logged, seed=seed) if reward_model is None else reward_model
+    out: dict[str, dict[str, Estimate]] = {}
+    for name, factory in policies.items():
+        picks = policy_pass(
+            factory(logged.context_dim, logged.n_items), logged, chunk_size=chunk_size
+        )
+        out[name] = _estimates(picks, logged, table, names, ci, seed)
+    return out
+
+
+def _estimators(estimators: Sequence[str] | None, logged: LoggedBandit) -> tuple[str, ...]:
+    if estimators is None:
+        return ESTIMATORS if logged.uniform else ("ips", "dr")
+    for name in estimators:
+        check_choice("estimators", name, ESTIMATORS)
+    if "replay" in estimators and not logged.uniform:
+        raise ValueError(
+            f"estimators: replay is biased unless the log is uniform-random; {logged.name} "
+            "is not (use ips or dr)"
+        )
+    return tuple(estimators)
+
+
+def _estimates(
+    picks: np.ndarray,
+    logged: LoggedBandit,
+    table: RewardTable,
+    names: tuple[str, ...],
+    ci: str,
+    seed: int,
+) -> dict[str, Estimate]:
+    r, p, matched = logged.rewards, logged.propensities, picks == logged.actions
+    out = {}
+    for name in names:
+        rng = np.random.default_rng(seed)
+        if name == "replay":
+            out[name] = replay_estimate(r, matched, ci=ci, rng=rng)
+        elif name == "ips":
+            out[name] = ips_estimate(r, matched, p, ci=ci, rng=rng)
+        else:
+            out[name] = dr_estimate(
+                r, matched, p, table.at(logged.actions), table.at(picks), ci=ci, rng=rng
+            )
+    return out
+
+
+def run_ope(
+    policies: list[str],
+    behavior: str,
+    campaign: str,
+    data_dir: Path | str | None,
+    seed: int,
+    out_dir: Path | str,
+    *,
+    rows: int | None = None,
+    ci: str = "normal",
+) -> dict[str, Any]:
+    """Evaluate named default policies on one OBD log; write `ope_{behavior}_{campaign}.md/.json`.
+
+    Args:
+        policies: names from `default_policies` (empty: all of them).
+        rows: keep only the first `rows` rows in time order (None: all).
+        The rest as in `load_obd` and `evaluate`.
+
+    Returns:
+        The figures written to the JSON file.
+    """
+    registry = default_policies(seed)
+    for name in policies:
+        check_choice("policies", name, registry)
+    logged = load_obd(behavior, campaign, data_dir)  # type: ignore[arg-type]
+    logged = logged if rows is None else logged.head(check_int("rows", rows, low=1))
+    figures: dict[str, Any] = {
+        "log": logged.name,
+        "rows": len(logged),
+        "n_items": logged.n_items,
+        "context_dim": logged.context_dim,
+        "uniform_log": logged.uniform,
+        "seed": seed,
+        "ci": ci,
+        "behavior_value": _jsonable(behavior_value(logged, ci=ci)),
+        "policies": {},
+        "seconds": {},
+    }
+    for name in policies or list(registry):
+        began = time.perf_counter()
+        result = evaluate({name: registry[name]}, logged, ci=ci, seed=seed)[name]
+        figures["seconds"][name] = round(time.perf_counter() - began, 2)
+        figures["policies"][name] = {k: _jsonable(v) for k, v in result.items()}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"ope_{behavior}_{campaign}"
+    stem.with_suffix(".json").write_text(json.dumps(figures, indent=2) + "\n")
+    stem.with_suffix(".md").write_text(markdown(figures))
+    return figures
+
+
+def _jsonable(estimate: Estimate) -> dict[str, Any]:
+    return {
+        k: None if isinstance(v, float) and math.isnan(v) else v
+        for k, v in asdict(estimate).items()
+    }
+
+
+def markdown(figures: dict[str, Any]) -> str:
+    """The estimator x policy table of `run_ope`'s figures."""
+    names = [e for e in ESTIMATORS if any(e in p for p in figures["policies"].values())]
+    lines = [
+        f"# Off-policy evaluation on {figures['log']}",
+        "",
+        f"{figures['rows']} rows, {figures['n_items']} items, D = {figures['context_dim']}, "
+        f"seed {figures['seed']}, 95% CI ({figures['ci']}). Logged policy (on-policy mean "
+        f"click): {_cell(figures['behavior_value'])}.",
+        "",
+        "| policy | " + " | ".join(names) + " | matched rows | matched clicks | seconds |",
+        "|---|" + "---|" * (len(names) + 3),
+    ]
+    for policy, result in figures["policies"].items():
+        first = next(iter(result.values()))
+        cells = [_cell(result[e]) for e in names]
+        lines.append(
+            f"| {policy} | " + " | ".join(cells) + f" | {first['n_matched']} | "
+            f"{first['matched_reward']:g} | {figures['seconds'][policy]} |"
+        )
+    lines += [
+        "",
+        "Each policy streams the log once in time order and learns only from the rows where "
+        "it chose the logged item (matched rows).",
+    ]
+    if "replay" not in names:
+        lines.append("replay: not computed, the log is not uniform-random.")
+    if any(next(iter(r.values()))["matched_reward"] == 0 for r in figures["policies"].values()):
+        lines.append(
+            "With no matched click, replay and IPS are 0 with a collapsed interval; the rule "
+            "of three bounds such a replay value by 3 / matched rows."
+        )
+    lines += [f"- {p}: {POLICY_NOTES[p]}" for p in figures["policies"] if p in POLICY_NOTES]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(estimate: dict[str, Any]) -> str:
+    def fmt(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.5f}"
+
+    return f"{fmt(estimate['value'])} [{fmt(estimate['ci_low'])}, {fmt(estimate['ci_high'])}]"

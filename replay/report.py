@@ -1,0 +1,216 @@
+"""The replay report: statistics over seeds, tables, regret curves; Markdown + JSON + PNG.
+
+Main figure: final cumulative pseudo-regret (expected regret against each round's best
+arm) after T rounds, mean +- s.e.m. over seeds; also normalised to the best policy of each
+data set (the ROFU paper's convention) and relative to Uniform = 100 (the Showdown's),
+the mean rank over data sets, and paired Wilcoxon signed-rank tests of every policy
+against ROFU over the same seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+from replay.simulate import RunResult
+
+REFERENCE = "ROFU"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (data set, policy) entry of the report."""
+
+    mean: float  # final cumulative pseudo-regret, mean over seeds
+    sem: float
+    realised_mean: float  # the same with realised regret
+    seeds: list[int]
+    rounds: int
+    seconds_per_round: float
+    normalised: float = math.nan  # mean / best mean of the data set
+    relative_uniform: float = math.nan  # 100 * mean / Uniform's mean
+    rank: float = math.nan
+    wilcoxon_p: float = math.nan  # paired test against ROFU over common seeds
+
+
+def collect(out: Path, rounds: int | None = None) -> dict[str, dict[str, list[RunResult]]]:
+    """Every saved run under `out/runs`, by bandit then policy (optionally one T only)."""
+    results: dict[str, dict[str, list[RunResult]]] = defaultdict(lambda: defaultdict(list))
+    for path in sorted((out / "runs").glob("*/*/seed*-T*.npz")):
+        if rounds is not None and not path.stem.endswith(f"-T{rounds}"):
+            continue
+        run = RunResult.load(path)
+        results[run.bandit][run.policy].append(run)
+    return {b: dict(p) for b, p in results.items()}
+
+
+def _sem(values: np.ndarray) -> float:
+    return float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else math.nan
+
+
+def _wilcoxon(a: dict[int, float], b: dict[int, float]) -> float:
+    common = sorted(set(a) & set(b))
+    diffs = np.array([a[s] - b[s] for s in common])
+    if len(common) < 2:
+        return math.nan
+    if np.allclose(diffs, 0):
+        return 1.0
+    return float(stats.wilcoxon(diffs, zero_method="zsplit").pvalue)
+
+
+def summarise(results: dict[str, dict[str, list[RunResult]]]) -> dict[str, dict[str, Cell]]:
+    """Cells for every data set and policy, with the cross-policy figures filled in."""
+    table: dict[str, dict[str, Cell]] = {}
+    for bandit, by_policy in results.items():
+        finals = {p: {r.seed: r.final_pseudo_regret for r in runs} for p, runs in by_policy.items()}
+        cells = {}
+        for policy, runs in by_policy.items():
+            values = np.array([r.final_pseudo_regret for r in runs])
+            cells[policy] = Cell(
+                mean=float(values.mean()),
+                sem=_sem(values),
+                realised_mean=float(np.mean([r.final_regret for r in runs])),
+                seeds=sorted(r.seed for r in runs),
+                rounds=runs[0].rounds,
+                seconds_per_round=float(np.mean([r.seconds / r.rounds for r in runs])),
+            )
+        best = min(c.mean for c in cells.values())
+        uniform = cells.get("Uniform")
+        ranks = stats.rankdata([c.mean for c in cells.values()])
+        for (policy, cell), rank in zip(list(cells.items()), ranks, strict=True):
+            cells[policy] = Cell(
+                **{
+                    **asdict(cell),
+                    "normalised": cell.mean / best if best > 0 else math.nan,
+                    "relative_uniform": 100 * cell.mean / uniform.mean
+                    if uniform and uniform.mean > 0
+                    else math.nan,
+                    "rank": float(rank),
+                    "wilcoxon_p": _wilcoxon(finals[policy], finals[REFERENCE])
+                    if REFERENCE in finals and policy != REFERENCE
+                    else math.nan,
+                }
+            )
+        table[bandit] = cells
+    return table
+
+
+def mean_ranks(table: dict[str, dict[str, Cell]]) -> dict[str, float]:
+    """Average rank of each policy over the data sets it ran on (1 = best)."""
+    ranks: dict[str, list[float]] = defaultdict(list)
+    for cells in table.values():
+        for policy, cell in cells.items():
+            ranks[policy].append(cell.rank)
+    return {p: float(np.mean(r)) for p, r in sorted(ranks.items(), key=lambda kv: np.mean(kv[1]))}
+
+
+def plot_curves(results: dict[str, dict[str, list[RunResult]]], folder: Path) -> list[Path]:
+    """One PNG per data set: mean cumulative pseudo-regret with a +- s.e.m. band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for bandit, by_policy in sorted(results.items()):
+        figure, axis = plt.subplots(figsize=(7, 4.5))
+        for policy, runs in sorted(by_policy.items()):
+            curves = np.stack([np.cumsum(r.pseudo_regret) for r in runs])  # (seeds, T)
+            mean = curves.mean(axis=0)
+            band = curves.std(axis=0, ddof=1) / math.sqrt(len(runs)) if len(runs) > 1 else 0
+            steps = np.arange(1, curves.shape[1] + 1)
+            axis.plot(steps, mean, label=policy, linewidth=2.5 if policy == REFERENCE else 1.2)
+            axis.fill_between(steps, mean - band, mean + band, alpha=0.15)
+        axis.set(
+            title=f"{bandit}: cumulative pseudo-regret",
+            xlabel="round",
+            ylabel="regret (mean +- s.e.m.)",
+        )
+        axis.legend(fontsize=8, ncol=2)
+        figure.tight_layout()
+        path = folder / f"regret-{bandit}.png"
+        figure.savefig(path, dpi=110)
+        plt.close(figure)
+        paths.append(path)
+    return paths
+
+
+def _fmt(value: float, digits: int = 2) -> str:
+    return "n/a" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+
+
+def markdown(table: dict[str, dict[str, Cell]], title: str, preamble: str = "") -> str:
+    """The report as Markdown tables."""
+    bandits = sorted(table)
+    policies = list(mean_ranks(table))
+    lines = [f"# {title}", "", preamble, ""]
+
+    def grid(heading: str, value: str) -> None:
+        lines.extend(
+            [
+                f"## {heading}",
+                "",
+                "| policy | " + " | ".join(bandits) + " |",
+                "|---|" + "---|" * len(bandits),
+            ]
+        )
+        for policy in policies:
+            row = [cell_text(table[b].get(policy), value) for b in bandits]
+            lines.append(f"| {policy} | " + " | ".join(row) + " |")
+        lines.append("")
+
+    def cell_text(cell: Cell | None, value: str) -> str:
+        if cell is None:
+            return "-"
+        if value == "raw":
+            return f"{cell.mean:.1f} +- {_fmt(cell.sem, 1)}"
+        if value == "time":
+            return f"{1000 * cell.seconds_per_round:.2f}"
+        return _fmt(getattr(cell, value), 3 if value == "wilcoxon_p" else 2)
+
+    grid("Final cumulative pseudo-regret, mean +- s.e.m.", "raw")
+    grid("Normalised to the best policy of each data set (paper convention)", "normalised")
+    grid("Relative to Uniform = 100 (Showdown convention)", "relative_uniform")
+    grid(f"Paired Wilcoxon signed-rank p-value against {REFERENCE}", "wilcoxon_p")
+    grid("Wall time per round (ms; select + update, on this machine)", "time")
+    lines.extend(
+        ["## Mean rank over data sets (1 = best)", "", "| policy | mean rank |", "|---|---|"]
+    )
+    lines.extend(f"| {p} | {r:.2f} |" for p, r in mean_ranks(table).items())
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out: Path, title: str, preamble: str = "", rounds: int | None = None) -> Path:
+    """Collect, summarise and write README.md, results.json and regret PNGs into `out`."""
+    results = collect(out, rounds)
+    if not results:
+        raise FileNotFoundError(f"no runs under {out / 'runs'}")
+    table = summarise(results)
+    plots = plot_curves(results, out / "plots")
+    text = markdown(table, title, preamble)
+    text += (
+        "\n## Regret curves\n\n" + "\n".join(f"![{p.stem}](plots/{p.name})" for p in plots) + "\n"
+    )
+    (out / "README.md").write_text(text)
+    payload = {b: {p: asdict(c) for p, c in cells.items()} for b, cells in table.items()}
+    document = {"title": title, "mean_rank": mean_ranks(table), "cells": payload}
+    (out / "results.json").write_text(json.dumps(json_safe(document), indent=2))
+    return out / "README.md"
+
+
+def json_safe(value: object) -> object:
+    """NaN and infinities become null (JSON has no such numbers)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value

@@ -1,0 +1,141 @@
+"""Running many (data set, policy, seed) jobs: resumable, in parallel, with a progress bar.
+
+Each finished job is one file, `<out>/runs/<bandit>/<policy>/seed<seed>-T<rounds>.npz`;
+a rerun skips every job whose file exists, so an interrupted protocol resumes where it
+stopped. Jobs run in `workers` spawned processes (torch threads split between them).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from functools import lru_cache
+from multiprocessing import get_context
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from replay.bandits import Bandit
+from replay.simulate import RunResult, simulate
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How many rounds and seeds, on which data sets."""
+
+    name: str
+    rounds: int
+    seeds: tuple[int, ...]
+    datasets: tuple[str, ...]
+
+
+PAPER_DATASETS = ("census", "jester", "adult", "covertype", "statlog", "financial", "mushroom")
+PROTOCOLS = {
+    "quick": Protocol("quick", 2_000, tuple(range(4)), (*PAPER_DATASETS, "wheel", "mlp")),
+    "paper": Protocol("paper", 20_000, tuple(range(16)), PAPER_DATASETS),
+}
+TUNING_SEEDS = tuple(range(1000, 1004))  # disjoint from every reported seed
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run to make."""
+
+    bandit: str
+    policy: str
+    seed: int
+    rounds: int
+
+    def path(self, out: Path) -> Path:
+        """Where its result goes."""
+        return out / "runs" / self.bandit / self.policy / f"seed{self.seed}-T{self.rounds}.npz"
+
+
+def jobs_for(
+    datasets: Iterable[str], policies: Iterable[str], seeds: Iterable[int], rounds: int
+) -> list[Job]:
+    """Every combination, data set by data set."""
+    return [Job(d, p, s, rounds) for d in datasets for s in seeds for p in policies]
+
+
+@lru_cache(maxsize=4)
+def _bandit(name: str, data_dir: str | None) -> Bandit:
+    from replay.datasets import load_bandit
+
+    return load_bandit(name, None if data_dir is None else Path(data_dir))
+
+
+def run_job(job: Job, out: Path, data_dir: str | None, device: str) -> Path:
+    """Run one job and write its file (in a worker process or in-process)."""
+    from replay.policies import build_policy
+
+    bandit = _bandit(job.bandit, data_dir)
+    stream = bandit.stream(job.rounds, job.seed)
+    policy = build_policy(
+        job.policy, bandit.context_dim, bandit.n_arms, job.seed, torch.device(device)
+    )
+    result: RunResult = simulate(
+        policy, stream, bandit=job.bandit, policy_name=job.policy, seed=job.seed
+    )
+    path = job.path(out)
+    result.save(path)
+    return path
+
+
+def _init_worker(threads: int) -> None:
+    torch.set_num_threads(threads)
+
+
+def resolve_device(name: str) -> str:
+    """`auto`: CUDA when available (neural policies then run there), else CPU."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    return name
+
+
+def run_jobs(
+    jobs: Sequence[Job],
+    out: Path,
+    *,
+    workers: int = 1,
+    data_dir: Path | None = None,
+    device: str = "auto",
+    progress: bool = True,
+) -> list[Path]:
+    """Run every job whose result file is missing; return every job's result path."""
+    device = resolve_device(device)
+    todo = [job for job in jobs if not job.path(out).exists()]
+    folder = None if data_dir is None else str(data_dir)
+    bar = tqdm(
+        total=len(jobs),
+        initial=len(jobs) - len(todo),
+        disable=not progress,
+        desc="replay",
+        unit="run",
+    )
+    try:
+        if workers <= 1:
+            for job in todo:
+                bar.set_postfix_str(f"{job.bandit}/{job.policy}/seed{job.seed}")
+                run_job(job, out, folder, device)
+                bar.update()
+        else:
+            threads = max(1, (os.cpu_count() or 1) // workers)
+            with ProcessPoolExecutor(
+                workers,
+                mp_context=get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(threads,),
+            ) as pool:
+                futures = [pool.submit(run_job, job, out, folder, device) for job in todo]
+                for future in as_completed(futures):
+                    future.result()  # a failed job stops the protocol with its error
+                    bar.update()
+    finally:
+        bar.close()
+    return [job.path(out) for job in jobs]

@@ -1,0 +1,118 @@
+"""One paired run: a policy plays a bandit's stream for one seed.
+
+Rounds 0 .. warm_start * A - 1 pull the arms round robin (counted in the regret, and fed
+to the policy); afterwards the policy chooses. Regret per round is measured against the
+round's best arm, realised (max_a r_t(a) - r_t(a_t)) and expected (pseudo-regret,
+max_a mu_t(a) - mu_t(a_t)).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from models import Transitions
+from models.policies import Policy
+from replay.bandits import Stream
+
+WARM_START = 3
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one (bandit, policy, seed) run produced, per round."""
+
+    bandit: str
+    policy: str
+    seed: int
+    arms: np.ndarray  # (T,) int64 chosen arms
+    regret: np.ndarray  # (T,) realised per-round regret
+    pseudo_regret: np.ndarray  # (T,) expected per-round regret
+    seconds: float  # wall time of the whole run (select + update)
+
+    @property
+    def rounds(self) -> int:
+        """T."""
+        return int(self.arms.shape[0])
+
+    @property
+    def final_regret(self) -> float:
+        """Cumulative realised regret after T rounds."""
+        return float(self.regret.sum())
+
+    @property
+    def final_pseudo_regret(self) -> float:
+        """Cumulative expected regret after T rounds."""
+        return float(self.pseudo_regret.sum())
+
+    def save(self, path: Path) -> None:
+        """Write atomically as .npz (arrays plus a JSON header)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "bandit": self.bandit,
+            "policy": self.policy,
+            "seed": self.seed,
+            "seconds": self.seconds,
+        }
+        partial = path.with_name(path.name + ".partial.npz")
+        np.savez_compressed(
+            partial,
+            arms=self.arms,
+            regret=self.regret,
+            pseudo_regret=self.pseudo_regret,
+            meta=np.array(json.dumps(meta)),
+        )
+        partial.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> RunResult:
+        """Read a file written by `save`."""
+        with np.load(path) as archive:
+            meta = json.loads(str(archive["meta"]))
+            return cls(
+                meta["bandit"],
+                meta["policy"],
+                int(meta["seed"]),
+                archive["arms"],
+                archive["regret"],
+                archive["pseudo_regret"],
+                float(meta["seconds"]),
+            )
+
+
+def simulate(
+    policy: Policy,
+    stream: Stream,
+    *,
+    bandit: str = "",
+    policy_name: str = "",
+    seed: int = 0,
+    warm_start: int = WARM_START,
+    on_round: Callable[[int], None] | None = None,
+) -> RunResult:
+    """Play every round of `stream` with `policy` (which learns as it goes)."""
+    n_arms = stream.rewards.shape[1]
+    contexts = torch.from_numpy(stream.contexts)
+    arms = np.empty(stream.rounds, dtype=np.int64)
+    started = time.perf_counter()
+    for t in range(stream.rounds):
+        x = contexts[t : t + 1]  # (1, D)
+        arm = t % n_arms if t < warm_start * n_arms else int(policy.select(x).arms[0])
+        arms[t] = arm
+        reward = torch.tensor([stream.rewards[t, arm]], dtype=torch.float32)
+        policy.update(Transitions(x, torch.tensor([arm]), reward))
+        if on_round is not None:
+            on_round(t)
+    seconds = time.perf_counter() - started
+    rows = np.arange(stream.rounds)
+    regret = stream.rewards.max(axis=1) - stream.rewards[rows, arms]
+    pseudo = stream.means.max(axis=1) - stream.means[rows, arms]
+    return RunResult(
+        bandit, policy_name or getattr(policy, "name", ""), seed, arms, regret, pseudo, seconds
+    )
