@@ -1,0 +1,417 @@
+"""Load benchmark: the real service over loopback HTTP, beside in-process batched ROFU.
+
+A checkpoint of the reference workload (context dim 64, 10 arms, MLP 64-100-100-10, M = 5,
+regulariser minibatch 256, |D| = 20 000 synthetic rows, all of them the regulariser's
+sample, the network fitted on them) is stored in a fresh SQLite database (or the
+Postgres of `--database-url`) before `rofu serve` starts on it as a separate process,
+embedded trainer off unless `--trainer`; other `ROFU_*` variables of the environment pass
+through (e.g. ROFU_BATCH_MAX_WAIT_MS). Each concurrency `c` is driven by `c` client tasks
+sharing one connection pool of size `c`; each /select sends a fresh N(0, I) context and,
+after `--reward-fraction` of the decisions, the same task posts /reward (timed apart, but
+its time counts against select/s). A level's `--requests` and `--seconds` (whichever ends
+first) are split over `--rounds` visits, interleaved round robin with the other levels,
+each visit after a warm-up. The mean micro-batch size is the difference of the
+`rofu_select_batch_size` histogram on GET /metrics around each visit. Then `rofu_scores`
+is timed in-process on the same checkpoint at batch 1 and at every observed mean batch
+size (interleaved, medians). Client and server share the machine's cores.
+
+    python -m benchmarks.load [--concurrency 1,8,64] [--requests 2000] [--seconds 25]
+        [--reward-fraction 0.5] [--database-url postgresql://...] [--json out.json]
+
+Sustained mode (production readiness): `--trainer --seconds 300 --requests 100000000
+--concurrency 16 --rounds 1 --reward-fraction 1` keeps /select + /reward traffic up for
+five minutes while the embedded trainer publishes checkpoints. At the end every reward
+acknowledged with a 2xx is checked in the database: stored exactly once, with the
+acknowledged value (the command exits 1 otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import platform
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+from sqlalchemy import text
+
+from benchmarks.kernel import Workload
+from benchmarks.load_report import (
+    BATCH_METRIC,
+    Level,
+    format_report,
+    histogram_delta,
+    json_safe,
+    level_figures,
+    parse_metrics,
+)
+from models import Checkpoint, RegulariserData, RewardNet, Transitions, dump_checkpoint, fit
+from models.rofu import rofu_scores
+from service import migrate
+from service.checkpoint_store import CheckpointStore
+from service.db import repository
+from service.db.engine import make_engine, session_factory
+from service.runtime import resolve_device
+from service.settings import Settings
+from service.snapshot import Snapshot
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def concurrency_levels(text: str) -> tuple[int, ...]:
+    """Parse `1,8,64` into distinct positive concurrencies, in the given order."""
+    try:
+        levels = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of ints: {text!r}") from None
+    if min(levels) < 1 or len(set(levels)) != len(levels):
+        raise argparse.ArgumentTypeError(f"concurrencies must be distinct and >= 1: {text!r}")
+    return levels
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Parse and validate the command line."""
+    work = Workload()
+    parser = argparse.ArgumentParser(prog="rofu bench load", description=__doc__.split("\n")[0])
+    add = parser.add_argument
+    add("--concurrency", type=concurrency_levels, default=(1, 8, 64), help="e.g. 1,8,64")
+    add("--requests", type=int, default=2000, help="/select cap per level (default 2000)")
+    add("--seconds", type=float, default=25.0, help="time cap per level (default 25)")
+    add("--rounds", type=int, default=3, help="interleaved visits per level (default 3)")
+    add("--warmup", type=int, default=20, help="unrecorded /select per visit (default 20)")
+    add("--reward-fraction", type=float, default=0.5, help="decisions rewarded (default 0.5)")
+    add("--n-data", type=int, default=work.n_data, help=f"|D| (default {work.n_data})")
+    add("--repeats", type=int, default=7, help="in-process repetitions (default 7)")
+    add("--database-url", help="a Postgres database to use instead of a fresh SQLite file")
+    add("--trainer", action="store_true", help="keep the embedded trainer on (window 0 s)")
+    add("--seed", type=int, default=0)
+    add("--json", dest="json_path", help="also write the figures as JSON here")
+    args = parser.parse_args(argv)
+    checks = {
+        "--requests must be >= --rounds": args.requests < max(args.rounds, 1),
+        "--seconds must be > 0": not args.seconds > 0,
+        "--rounds must be >= 1": args.rounds < 1,
+        "--warmup must be >= 0": args.warmup < 0,
+        "--reward-fraction must be in [0, 1]": not 0 <= args.reward_fraction <= 1,
+        f"--n-data must be >= the ROFU minibatch, {work.minibatch}": args.n_data < work.minibatch,
+        "--repeats must be >= 1": args.repeats < 1,
+        "--database-url must be a postgresql:// URL": not (
+            args.database_url is None or args.database_url.startswith("postgresql")
+        ),
+    }
+    for message, failed in checks.items():
+        if failed:
+            parser.error(message)
+    return args
+
+
+# The served checkpoint and the server process -------------------------------------------
+
+
+def server_overrides(args: argparse.Namespace, database_url: str) -> dict[str, Any]:
+    """Settings of the served workload (also the ROFU_* variables of the server)."""
+    work = Workload()
+    overrides: dict[str, Any] = {
+        "mode": "embedded",
+        "database_url": database_url,
+        "context_dim": work.context_dim,
+        "arms": [{"id": f"arm-{i}"} for i in range(work.n_arms)],
+        "max_arms": work.n_arms,
+        "arm_feature_dim": 0,
+        "hidden": list(work.hidden),
+        "steps": work.steps,
+        "minibatch_size": work.minibatch,
+        "data_sample_size": max(args.n_data, 20_000),
+        "embedded_trainer": args.trainer,
+    }
+    if args.trainer:  # decisions close at once, so the trainer really runs under load
+        overrides["reward_window_seconds"] = 0
+    return overrides
+
+
+def as_environment(overrides: dict[str, object]) -> dict[str, str]:
+    """ROFU_* variables (JSON for lists, numbers and booleans)."""
+    return {
+        f"ROFU_{key.upper()}": value if isinstance(value, str) else json.dumps(value)
+        for key, value in overrides.items()
+    }
+
+
+def seed_checkpoint(settings: Settings, n_data: int, seed: int) -> tuple[int, bytes]:
+    """Fit the served network on n_data synthetic rows and store it; (version, blob)."""
+    gen = torch.Generator().manual_seed(seed)
+    dim, n_arms = settings.context_dim, settings.max_arms
+    x = torch.randn(n_data, dim, generator=gen)  # (N, D)
+    arms = torch.randint(n_arms, (n_data,), generator=gen)  # (N,)
+    weights = torch.randn(n_arms, dim, generator=gen) / math.sqrt(dim)  # (A, D)
+    rewards = (x * weights[arms]).sum(1) + 0.1 * torch.randn(n_data, generator=gen)  # (N,)
+    sample = Transitions(x, arms, rewards)
+    net = RewardNet(settings.net_config())
+    metrics = fit(net, sample, settings.fit_config(), gen)
+    migrate.upgrade(settings.database_url)
+    engine = make_engine(settings.database_url)
+    try:
+        sessions = session_factory(engine)
+        latest = repository.latest_checkpoint(sessions, with_blob=False)
+        version = 1 if latest is None else latest.version + 1
+        checkpoint = Checkpoint(
+            version=version,
+            net_config=settings.net_config(),
+            state={k: v.detach() for k, v in net.state_dict().items()},
+            data=RegulariserData(sample, n_data, torch.bincount(arms, minlength=n_arms)),
+            metrics=metrics,
+            extra={"created_at": str(time.time())},
+        )
+        blob = dump_checkpoint(checkpoint)
+        CheckpointStore(sessions).save(
+            version, blob, metrics=metrics, rows_trained=n_data, n_total=n_data, consumed=[]
+        )
+    finally:
+        engine.dispose()
+    return version, blob
+
+
+@contextlib.contextmanager
+def serve(env: dict[str, str], log_path: Path, timeout: float = 120) -> Iterator[str]:
+    """`rofu serve` as a real process on loopback, once /readyz says ready; its base URL."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    full_env = {**os.environ, **env, "ROFU_HOST": "127.0.0.1", "ROFU_PORT": str(port)}
+    command = [sys.executable, "-m", "service.cli", "serve", "--log-level", "warning"]
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT
+        )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while not _ready(base_url):
+            if process.poll() is not None or time.monotonic() > deadline:
+                log_tail = log_path.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"the service did not become ready; its log:\n{log_tail}")
+            time.sleep(0.2)
+        yield base_url
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _ready(base_url: str) -> bool:
+    with contextlib.suppress(httpx.HTTPError):
+        return httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200
+    return False
+
+
+# Driving the service ----------------------------------------------------------------------
+
+
+class _Budget:
+    def __init__(self, requests: int, seconds: float) -> None:
+        self.left, self.deadline = requests, time.perf_counter() + seconds
+
+    def take(self) -> bool:
+        if self.left <= 0 or time.perf_counter() >= self.deadline:
+            return False
+        self.left -= 1
+        return True
+
+
+async def _post(client: httpx.AsyncClient, path: str, body: object) -> tuple[float, Any]:
+    """(seconds, the JSON body, or None when the call failed or was not 2xx)."""
+    start = time.perf_counter()
+    try:
+        response = await client.post(path, json=body)
+    except httpx.HTTPError:
+        return time.perf_counter() - start, None
+    return time.perf_counter() - start, response.json() if response.is_success else None
+
+
+async def _client(
+    client: httpx.AsyncClient, budget: _Budget, level: Level, rng: random.Random, rewards: float
+) -> None:
+    dim = Workload().context_dim
+    while budget.take():
+        context = [rng.gauss(0, 1) for _ in range(dim)]
+        seconds, decision = await _post(client, "/select", {"context": context})
+        level.select.append(seconds)
+        if decision is None:
+            level.select_errors += 1
+            continue
+        level.policies[decision["policy"]] = level.policies.get(decision["policy"], 0) + 1
+        if rng.random() < rewards:
+            body = {"event_id": decision["event_id"], "value": rng.gauss(0, 1)}
+            seconds, stored = await _post(client, "/reward", body)
+            level.reward.append(seconds)
+            level.reward_errors += int(stored is None)
+            if stored is not None:
+                level.acked[body["event_id"]] = body["value"]
+
+
+async def visit(base_url: str, level: Level, args: argparse.Namespace, rng: random.Random) -> None:
+    """Warm up, then measure one share of a level's budget, adding to `level`."""
+    c = level.concurrency
+    limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
+    requests, seconds = math.ceil(args.requests / args.rounds), args.seconds / args.rounds
+    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=60) as client:
+        warm = _Budget(args.warmup, seconds)
+        await asyncio.gather(*(_client(client, warm, Level(c), rng, 0.0) for _ in range(c)))
+        before = parse_metrics((await client.get("/metrics")).text)
+        budget, start = _Budget(requests, seconds), time.perf_counter()
+        tasks = (_client(client, budget, level, rng, args.reward_fraction) for _ in range(c))
+        await asyncio.gather(*tasks)
+        level.seconds += time.perf_counter() - start
+        after = parse_metrics((await client.get("/metrics")).text)
+    batch_sum, batch_count = histogram_delta(before, after, BATCH_METRIC)
+    level.batch_sum += batch_sum
+    level.batch_count += batch_count
+
+
+async def drive(base_url: str, args: argparse.Namespace) -> list[Level]:
+    """Every level, `--rounds` times round robin."""
+    levels = [Level(c) for c in args.concurrency]
+    for round_ in range(args.rounds):
+        for level in levels:
+            rng = random.Random(f"{args.seed}/{round_}/{level.concurrency}")
+            await visit(base_url, level, args, rng)
+    return levels
+
+
+# In-process ROFU on the same checkpoint, and the report -----------------------------------
+
+
+def inprocess_seconds(
+    settings: Settings, blob: bytes, batches: list[int], repeats: int
+) -> dict[int, float]:
+    """Median seconds of one `rofu_scores` call per batch size, repetitions interleaved."""
+    device = resolve_device(settings.device)
+    snapshot = Snapshot.from_blob(blob, settings.net_config(), device)  # as the server loads it
+    config, generator = settings.rofu_config(), torch.Generator().manual_seed(settings.seed)
+    contexts = {
+        b: torch.randn(b, settings.context_dim, generator=torch.Generator().manual_seed(b))
+        for b in batches
+    }
+
+    def once(b: int) -> float:
+        mask = torch.ones(b, settings.max_arms, dtype=torch.bool)
+        start = time.perf_counter()
+        scores = rofu_scores(
+            snapshot.net, contexts[b].to(device), snapshot.data, config, generator, candidates=mask
+        )
+        scores.ucb.cpu()
+        return time.perf_counter() - start
+
+    samples: dict[int, list[float]] = {b: [] for b in batches}
+    for repeat in range(repeats + 1):  # the first round warms up
+        for b in batches:
+            seconds = once(b)
+            if repeat:
+                samples[b].append(seconds)
+    return {b: statistics.median(values) for b, values in samples.items()}
+
+
+def audit_rewards(database_url: str, acked: dict[str, float]) -> dict[str, int]:
+    """Every reward acknowledged with a 2xx must be stored exactly once, with its value."""
+    engine = make_engine(database_url)
+    try:
+        with engine.connect() as connection:
+            rows = connection.execute(
+                text(
+                    "select event_id, count(*), min(value), max(value) from rewards "
+                    "group by event_id"
+                )
+            ).all()
+    finally:
+        engine.dispose()
+    stored = {event_id: (count, low, high) for event_id, count, low, high in rows}
+    missing = [e for e in acked if e not in stored]
+    duplicated = [e for e, (count, _, _) in stored.items() if count != 1]
+    wrong = [e for e, v in acked.items() if e in stored and stored[e][1:] != (v, v)]
+    return {
+        "acknowledged": len(acked),
+        "stored": len(stored),
+        "missing": len(missing),
+        "duplicated": len(duplicated),
+        "wrong_value": len(wrong),
+        "unacknowledged_stored": len(set(stored) - set(acked)),
+    }
+
+
+def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """Store the checkpoint, serve it, drive every level, time ROFU in-process."""
+    database_url = args.database_url or f"sqlite:///{workdir}/load.sqlite"
+    overrides = server_overrides(args, database_url)
+    settings = Settings(**overrides)
+    version, blob = seed_checkpoint(settings, args.n_data, args.seed)
+    with serve(as_environment(overrides), workdir / "service.log") as base_url:
+        model = httpx.get(f"{base_url}/model", timeout=10).json()
+        if model.get("version") != version or model.get("n_data") != args.n_data:
+            raise RuntimeError(f"the service serves {model}, not checkpoint v{version}")
+        levels = asyncio.run(drive(base_url, args))
+        final_version = httpx.get(f"{base_url}/model", timeout=10).json().get("version")
+    audit = audit_rewards(database_url, {e: v for lv in levels for e, v in lv.acked.items()})
+    batches = sorted({1} | {max(1, round(level.mean_batch or 1)) for level in levels})
+    inproc = inprocess_seconds(settings, blob, batches, args.repeats)
+    return {
+        "workload": asdict(Workload()) | {"hidden": list(Workload().hidden)},
+        "database": "Postgres" if args.database_url else "fresh SQLite file",
+        "trainer": args.trainer,
+        "device": str(resolve_device(settings.device)),
+        "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "n_data": args.n_data,
+        "version": version,
+        "final_version": final_version,  # newer than `version` only if the trainer ran
+        **{k: getattr(args, k) for k in ("requests", "seconds", "rounds", "warmup", "repeats")},
+        "reward_fraction": args.reward_fraction,
+        "inproc_seconds": inproc,
+        "reward_audit": audit,
+        "levels": [level_figures(level, inproc) for level in levels],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m benchmarks.load` and `rofu bench load`."""
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="rofu-load-") as workdir:
+        try:
+            result = run(args, Path(workdir))
+        except RuntimeError as error:
+            print(f"rofu bench load: {error}", file=sys.stderr)
+            return 1
+    print(format_report(result))
+    if args.json_path:
+        with open(args.json_path, "w", encoding="utf-8") as out:
+            json.dump(json_safe(result), out, indent=2)
+    audit = result["reward_audit"]
+    if audit["missing"] or audit["duplicated"] or audit["wrong_value"]:
+        print("rofu bench load: acknowledged rewards were lost or doubled", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,173 @@
+"""The load benchmark's pure parts: metric parsing, percentiles and the report."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+BATCH_METRIC = "rofu_select_batch_size"
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{.*\})?)\s+(\S+)")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0..100), linear between closest ranks; NaN when empty."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be in [0, 100], got {q}")
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Samples of a Prometheus text exposition, keyed by `name{labels}` as written."""
+    samples = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line.strip())
+        if match:  # comments (# HELP, # TYPE) never match
+            samples[match.group(1)] = float(match.group(2))
+    return samples
+
+
+def histogram_delta(
+    before: dict[str, float], after: dict[str, float], name: str
+) -> tuple[float, float]:
+    """(sum, count) a histogram gained between two scrapes."""
+
+    def gained(part: str) -> float:
+        return after.get(f"{name}_{part}", 0.0) - before.get(f"{name}_{part}", 0.0)
+
+    return gained("sum"), gained("count")
+
+
+@dataclass
+class Level:
+    """What one concurrency measured over all its visits (latencies in seconds)."""
+
+    concurrency: int
+    seconds: float = 0.0
+    select: list[float] = field(default_factory=list)
+    reward: list[float] = field(default_factory=list)
+    select_errors: int = 0
+    reward_errors: int = 0
+    policies: dict[str, int] = field(default_factory=dict)
+    batch_sum: float = 0.0
+    batch_count: float = 0.0
+    acked: dict[str, float] = field(default_factory=dict)  # event_id -> acknowledged reward
+
+    @property
+    def mean_batch(self) -> float | None:
+        """Mean micro-batch size (None when no batch was observed)."""
+        return self.batch_sum / self.batch_count if self.batch_count > 0 else None
+
+
+def level_figures(level: Level, inproc: dict[int, float]) -> dict[str, Any]:
+    """Throughput, latency percentiles (ms) and ratios to in-process ROFU for one level."""
+    batch = max(1, round(level.mean_batch or 1))
+    done = len(level.select) - level.select_errors
+    per_decision = level.seconds / done if done else math.nan  # s of wall time per decision
+    p50 = percentile(level.select, 50)
+    return {
+        "concurrency": level.concurrency,
+        "seconds": level.seconds,
+        "selects": len(level.select),
+        "select_errors": level.select_errors,
+        "select_per_s": done / level.seconds if level.seconds else math.nan,
+        "select_p50_ms": 1e3 * p50,
+        "select_p99_ms": 1e3 * percentile(level.select, 99),
+        "rewards": len(level.reward),
+        "reward_errors": level.reward_errors,
+        "reward_p50_ms": 1e3 * percentile(level.reward, 50),
+        "reward_p99_ms": 1e3 * percentile(level.reward, 99),
+        "policies": level.policies,
+        "mean_batch": level.mean_batch,
+        "inproc_batch": batch,
+        "http_ms_per_decision": 1e3 * per_decision,
+        "inproc_ms_per_decision": 1e3 * inproc[batch] / batch,
+        "http_over_inproc": per_decision / (inproc[batch] / batch),
+        "p50_over_inproc_b1": p50 / inproc[1],
+        "p50_over_inproc_batch": p50 / inproc[batch],
+    }
+
+
+def format_report(result: dict[str, Any]) -> str:
+    """A plain-text table of `run` output."""
+    work, rows = result["workload"], result["levels"]
+    policies: dict[str, int] = {}
+    for row in rows:
+        for name, count in row["policies"].items():
+            policies[name] = policies.get(name, 0) + count
+    lines = [
+        f"rofu load benchmark: `rofu serve` on loopback, {result['database']}, embedded trainer "
+        f"{'on' if result['trainer'] else 'off'}; {result['device']} ({result['machine']}, "
+        f"{result['cpus']} CPUs, {result['threads']} torch threads), torch {result['torch']}",
+        f"workload: D={work['context_dim']}, A={work['n_arms']}, MLP {work['context_dim']}-"
+        f"{'-'.join(map(str, work['hidden']))}-{work['n_arms']}, M={work['steps']}, minibatch="
+        f"{work['minibatch']}, |D|={result['n_data']} synthetic rows, checkpoint "
+        f"v{result['version']} (v{result['final_version']} served at the end)",
+        f"per level: up to {result['requests']} /select or {result['seconds']:g} s over "
+        f"{result['rounds']} interleaved visits, each after {result['warmup']} warm-up "
+        f"/select; /reward after {result['reward_fraction']:.0%} of decisions",
+        f"decisions by policy: {', '.join(f'{k} {v}' for k, v in sorted(policies.items()))}",
+        "",
+        f"{'conc':>5} {'selects':>7} {'err':>4} {'select/s':>9} {'p50 ms':>8} {'p99 ms':>8}"
+        f" | {'rewards':>7} {'err':>4} {'p50 ms':>8} {'p99 ms':>8} | {'mean batch':>10}",
+    ]
+    for r in rows:
+        batch = "n/a" if r["mean_batch"] is None else f"{r['mean_batch']:.2f}"
+        lines.append(
+            f"{r['concurrency']:>5} {r['selects']:>7} {r['select_errors']:>4} "
+            f"{r['select_per_s']:>9.1f} {r['select_p50_ms']:>8.2f} {r['select_p99_ms']:>8.2f}"
+            f" | {r['rewards']:>7} {r['reward_errors']:>4} {r['reward_p50_ms']:>8.2f} "
+            f"{r['reward_p99_ms']:>8.2f} | {batch:>10}"
+        )
+    lines += ["", f"in-process rofu_scores, same checkpoint, median of {result['repeats']}:"]
+    for b, s in result["inproc_seconds"].items():
+        lines.append(f"  batch {b:>4}: {1e3 * s:8.2f} ms/batch  {1e3 * s / b:8.3f} ms/decision")
+    lines += [
+        "",
+        f"{'conc':>5} {'batch':>5} {'HTTP ms/dec':>11} {'in-proc ms/dec':>14} "
+        f"{'HTTP/in-proc':>12} {'p50/in-proc(b=1)':>16} {'p50/in-proc(batch)':>18}",
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['concurrency']:>5} {r['inproc_batch']:>5} {r['http_ms_per_decision']:>11.3f} "
+            f"{r['inproc_ms_per_decision']:>14.3f} {r['http_over_inproc']:>11.2f}x "
+            f"{r['p50_over_inproc_b1']:>15.2f}x {r['p50_over_inproc_batch']:>17.2f}x"
+        )
+    lines.append(
+        "HTTP ms/dec: wall time per decision, 1 / (select/s); in-proc ms/dec: one rofu_scores "
+        "call / batch, at the level's mean batch size (rounded); p50/in-proc: /select p50 "
+        "over one rofu_scores call of batch 1 or of the mean batch size."
+    )
+    audit = result.get("reward_audit")
+    if audit is not None:
+        verdict = (
+            "OK"
+            if not (audit["missing"] or audit["duplicated"] or audit["wrong_value"])
+            else "FAILED"
+        )
+        lines.append(
+            f"reward audit {verdict}: {audit['acknowledged']} rewards acknowledged with a 2xx, "
+            f"{audit['stored']} stored; missing {audit['missing']}, stored twice "
+            f"{audit['duplicated']}, wrong value {audit['wrong_value']}, stored without a 2xx "
+            f"{audit['unacknowledged_stored']}"
+        )
+    return "\n".join(lines)
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with string keys and None for NaN or infinities (strict JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(key): json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(item) for item in value]
+    return value
