@@ -1,0 +1,49 @@
+"""`rofu pin` / `rofu unpin` against the real Postgres."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from service.db import repository
+from service.db.engine import make_engine, session_factory
+from service.settings import Settings
+from tests.support import ROOT, seed_checkpoint
+
+
+def _rofu(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ROFU_DATABASE_URL": url, "ROFU_CONTEXT_DIM": "3", "ROFU_HIDDEN": "[8]"}
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_cli_pin_and_unpin(pg_clean):
+    settings = Settings(database_url=pg_clean, context_dim=3, hidden=(8,))
+    for version in (1, 2):
+        seed_checkpoint(settings, n_rows=20, version=version)
+    engine = make_engine(pg_clean)
+    sessions = session_factory(engine)
+
+    pinned = _rofu(pg_clean, "pin", "1")
+    assert (pinned.returncode, pinned.stdout.strip()) == (0, "pinned: 1")
+    assert repository.get_pin(sessions) == 1
+    assert _rofu(pg_clean, "pin").stdout.strip() == "pinned: 1"
+
+    missing = _rofu(pg_clean, "pin", "7")
+    assert missing.returncode == 1
+    assert "no checkpoint with version 7" in missing.stderr
+    assert repository.get_pin(sessions) == 1
+
+    unpinned = _rofu(pg_clean, "unpin")
+    assert unpinned.returncode == 0
+    assert "not pinned" in unpinned.stdout
+    assert repository.get_pin(sessions) is None
+    engine.dispose()

@@ -1,0 +1,234 @@
+"""Shared helpers for the service tests: real servers, app clients, service processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from fastapi import FastAPI
+
+from service.app import create_app
+from service.settings import Settings
+
+POSTGRES_URL = os.environ.get("ROFU_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("ROFU_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def unavailable(what: str, error: Exception) -> None:
+    """Fail in CI (ROFU_REQUIRE_SERVICES=1), skip elsewhere: never skip silently in CI."""
+    message = f"{what} is not reachable: {error}"
+    if os.environ.get("ROFU_REQUIRE_SERVICES") == "1":
+        pytest.fail(message + " (ROFU_REQUIRE_SERVICES=1; start it with scripts/services.sh)")
+    pytest.skip(message)
+
+
+def require_postgres() -> str:
+    """The test database URL, after checking Postgres answers."""
+    try:
+        with psycopg.connect(
+            POSTGRES_URL.replace("postgresql+psycopg", "postgresql"), connect_timeout=5
+        ) as connection:
+            connection.execute("select 1")
+    except psycopg.Error as error:
+        unavailable("Postgres", error)
+    return POSTGRES_URL
+
+
+def reset_postgres(url: str) -> None:
+    """Drop every table (and Alembic's version table) of the test database."""
+    with psycopg.connect(url, autocommit=True) as connection:
+        connection.execute("drop schema public cascade")
+        connection.execute("create schema public")
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def app_client(settings: Settings) -> AsyncIterator[tuple[httpx.AsyncClient, FastAPI]]:
+    """An app started through its lifespan and an HTTP client talking to it in-process."""
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://rofu.test") as client:
+            yield client, app
+
+
+def wait_until_ready(base_url: str, process: subprocess.Popen[bytes], timeout: float = 90) -> None:
+    """Poll /readyz until 200; raise with the process log if it dies or times out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"service exited with {process.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"{base_url} not ready after {timeout}s")
+
+
+@contextlib.contextmanager
+def service_process(env: dict[str, str], log_path: Path, port: int | None = None) -> Iterator[str]:
+    """Run `rofu serve` as a real process (uvicorn); yields its base URL."""
+    port = port or free_port()
+    full_env = {**os.environ, **env, "ROFU_HOST": "127.0.0.1", "ROFU_PORT": str(port)}
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "serve", "--log-level", "warning"],
+            cwd=ROOT,
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_ready(base_url, process)
+        yield base_url
+    except BaseException:
+        print(log_path.read_text(errors="replace")[-5000:])
+        raise
+    finally:
+        stop_process(process)
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout: float = 20) -> None:
+    """SIGTERM, then SIGKILL if it does not exit in time."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def seed_checkpoint(settings: Settings, n_rows: int = 300, version: int = 1, seed: int = 0) -> None:
+    """Migrate `settings.database_url` and store a trained-looking checkpoint in it.
+
+    Lets a server start with a real model (ROFU scoring, not the cold start) without
+    going through the trainer.
+    """
+    import torch
+
+    from models import Checkpoint, RegulariserData, RewardNet, Transitions, dump_checkpoint
+    from service import migrate
+    from service.checkpoint_store import CheckpointStore
+    from service.db.engine import make_engine, session_factory
+
+    migrate.upgrade(settings.database_url)
+    config = settings.net_config()
+    gen = torch.Generator().manual_seed(seed)
+    n_arms = config.n_arms or len(settings.arms)
+    arms = torch.randint(len(settings.arms), (n_rows,), generator=gen)
+    sample = Transitions(
+        torch.randn(n_rows, settings.context_dim, generator=gen),
+        arms,
+        torch.randn(n_rows, generator=gen),
+    )
+    data = RegulariserData(sample, n_rows, torch.bincount(arms, minlength=n_arms))
+    net = RewardNet(config)
+    blob = dump_checkpoint(
+        Checkpoint(version, config, net.state_dict(), data, extra={"created_at": str(time.time())})
+    )
+    engine = make_engine(settings.database_url)
+    try:
+        CheckpointStore(session_factory(engine), settings.checkpoint_dir).save(
+            version, blob, metrics={}, rows_trained=n_rows, n_total=n_rows, consumed=[]
+        )
+    finally:
+        engine.dispose()
+
+
+def require_redis() -> str:
+    """The test Redis URL, after checking Redis answers."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=5)
+    try:
+        client.ping()
+    except redis.RedisError as error:
+        unavailable("Redis", error)
+    finally:
+        client.close()
+    return REDIS_URL
+
+
+async def eventually(check, timeout: float = 15.0, interval: float = 0.05) -> None:
+    """Await until `check()` is truthy; fail with its last value after `timeout`."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s (last: {value!r})")
+        await asyncio.sleep(interval)
+
+
+@contextlib.contextmanager
+def private_redis(
+    port: int | None = None,
+) -> Iterator[tuple[str, Callable[[], None], Callable[[], None]]]:
+    """A redis-server of this test's own (so it can be stopped and restarted).
+
+    Yields (url, stop, start).
+    """
+    import shutil
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        unavailable("redis-server", FileNotFoundError("redis-server"))
+    port = port or free_port()
+    state: dict[str, subprocess.Popen[bytes] | None] = {"process": None}
+
+    def start() -> None:
+        state["process"] = subprocess.Popen(
+            [
+                str(binary),
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                return
+            time.sleep(0.05)
+        raise TimeoutError("private redis-server did not start")
+
+    def stop() -> None:
+        process = state["process"]
+        if process is not None:
+            stop_process(process)
+            state["process"] = None
+
+    start()
+    try:
+        yield f"redis://127.0.0.1:{port}/0", stop, start
+    finally:
+        stop()

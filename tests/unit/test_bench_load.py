@@ -1,0 +1,136 @@
+"""The pure parts of the load benchmark: no server is started here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+
+from benchmarks import load, load_report
+from service.settings import Settings
+
+METRICS_TEXT = """\
+# HELP rofu_select_batch_size Requests scored together in one ROFU call
+# TYPE rofu_select_batch_size histogram
+rofu_select_batch_size_bucket{le="1.0"} 3.0
+rofu_select_batch_size_bucket{le="+Inf"} 7.0
+rofu_select_batch_size_count 7.0
+rofu_select_batch_size_sum 40.0
+rofu_http_requests_total{endpoint="/select",method="POST",status="200"} 12.0
+rofu_model_version 1.0
+"""
+
+
+def test_percentile_interpolates_between_ranks() -> None:
+    values = [4.0, 1.0, 3.0, 2.0]
+    assert load_report.percentile(values, 0) == 1.0
+    assert load_report.percentile(values, 100) == 4.0
+    assert load_report.percentile(values, 50) == pytest.approx(2.5)
+    assert load_report.percentile(list(map(float, range(101))), 99) == pytest.approx(99.0)
+    assert load_report.percentile([5.0], 99) == 5.0
+
+
+def test_percentile_empty_is_nan_and_q_is_checked() -> None:
+    assert math.isnan(load_report.percentile([], 50))
+    with pytest.raises(ValueError, match="q must be"):
+        load_report.percentile([1.0], 101)
+
+
+def test_parse_metrics_reads_samples_and_skips_comments() -> None:
+    samples = load_report.parse_metrics(METRICS_TEXT)
+    assert samples["rofu_select_batch_size_count"] == 7.0
+    assert samples["rofu_select_batch_size_sum"] == 40.0
+    assert samples['rofu_select_batch_size_bucket{le="+Inf"}'] == 7.0
+    assert samples['rofu_http_requests_total{endpoint="/select",method="POST",status="200"}'] == 12
+    assert not any(key.startswith("#") for key in samples)
+
+
+def test_histogram_delta_and_mean_batch_across_visits() -> None:
+    before = load_report.parse_metrics(METRICS_TEXT)
+    after = dict(before)
+    after["rofu_select_batch_size_count"] = 11.0  # 4 batches ...
+    after["rofu_select_batch_size_sum"] = 72.0  # ... of 32 requests
+    assert load_report.histogram_delta(before, after, load_report.BATCH_METRIC) == (32.0, 4.0)
+    assert load_report.histogram_delta({}, before, load_report.BATCH_METRIC) == (40.0, 7.0)
+    level = load_report.Level(concurrency=8)
+    assert level.mean_batch is None
+    level.batch_sum, level.batch_count = 32.0 + 8.0, 4.0 + 4.0
+    assert level.mean_batch == 5.0
+
+
+def test_concurrency_levels_parse_and_refuse() -> None:
+    assert load.concurrency_levels("1,8,64") == (1, 8, 64)
+    for bad in ("", "1,x", "0,8", "8,8", "-1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            load.concurrency_levels(bad)
+
+
+def test_parse_args_defaults_and_validation(capsys: pytest.CaptureFixture[str]) -> None:
+    args = load.parse_args([])
+    assert args.concurrency == (1, 8, 64)
+    assert args.n_data == 20_000
+    assert 0 <= args.reward_fraction <= 1
+    for bad in (
+        ["--reward-fraction", "1.5"],
+        ["--seconds", "0"],
+        ["--n-data", "100"],
+        ["--rounds", "0"],
+        ["--requests", "2", "--rounds", "3"],
+        ["--database-url", "sqlite:///x.db"],
+    ):
+        with pytest.raises(SystemExit):
+            load.parse_args(bad)
+    assert "--database-url must be" in capsys.readouterr().err
+
+
+def test_server_settings_are_the_reference_workload() -> None:
+    args = load.parse_args(["--n-data", "5000"])
+    overrides = load.server_overrides(args, "sqlite:///bench.sqlite")
+    env = load.as_environment(overrides)
+    assert env["ROFU_HIDDEN"] == "[100, 100]"
+    assert env["ROFU_EMBEDDED_TRAINER"] == "false"
+    assert [arm["id"] for arm in json.loads(env["ROFU_ARMS"])] == [f"arm-{i}" for i in range(10)]
+    settings = Settings(**overrides)
+    net = settings.net_config()
+    assert (net.context_dim, net.n_arms, net.hidden) == (64, 10, (100, 100))
+    assert (settings.rofu_config().steps, settings.rofu_config().minibatch_size) == (5, 256)
+
+
+def test_json_safe_replaces_nan_and_stringifies_keys() -> None:
+    value = {"inproc": {1: 0.5}, "p50": math.nan, "rows": [math.inf, 2.0]}
+    assert load_report.json_safe(value) == {"inproc": {"1": 0.5}, "p50": None, "rows": [None, 2.0]}
+
+
+def test_load_audit_rewards_finds_lost_doubled_and_wrong_rewards(tmp_path):
+    import sqlite3
+
+    from service import migrate
+
+    url = f"sqlite:///{tmp_path}/audit.sqlite"
+    migrate.upgrade(url)
+    with sqlite3.connect(tmp_path / "audit.sqlite") as db:
+        for event in ("a", "b", "c", "d"):
+            db.execute(
+                "insert into decisions (event_id, created_at, context, candidates, arm_id, slot,"
+                " propensity, model_version, explore, policy, scores, request_hash) values "
+                "(?, '2026-01-01 00:00:00', '[]', '[]', 'x', 0, 1, 0, 1, 'p', '{}', 'h')",
+                (event,),
+            )
+        for event, value in (("a", 1.0), ("b", 2.0), ("d", 4.0)):
+            db.execute(
+                "insert into rewards (event_id, value, received_at, repeats) values "
+                "(?, ?, '2026-01-01 00:00:00', 0)",
+                (event, value),
+            )
+    audit = load.audit_rewards(url, {"a": 1.0, "b": 2.5, "c": 3.0})
+    assert audit == {
+        "acknowledged": 3,
+        "stored": 3,
+        "missing": 1,
+        "duplicated": 0,
+        "wrong_value": 1,
+        "unacknowledged_stored": 1,
+    }
+    assert load.audit_rewards(url, {"a": 1.0, "b": 2.0, "d": 4.0})["missing"] == 0

@@ -1,0 +1,82 @@
+"""CheckpointStore: blobs in the database row or in a directory, committed atomically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from models import Checkpoint, CheckpointError, RegulariserData, dump_checkpoint
+from service import migrate
+from service.checkpoint_store import CheckpointStore
+from service.db import repository
+from service.db.engine import make_engine, session_factory
+from tests.factories import make_net, make_transitions
+
+
+def _blob(version: int) -> bytes:
+    net = make_net(3, 2, hidden=(4,))
+    sample = make_transitions(6, 3, 2, seed=version)
+    data = RegulariserData(sample, 6, sample.arms.bincount(minlength=2))
+    return dump_checkpoint(Checkpoint(version, net.config, net.state_dict(), data))
+
+
+ONE, TWO = _blob(1), _blob(2)
+
+
+@pytest.fixture
+def sessions(tmp_path):
+    url = f"sqlite:///{tmp_path}/store.sqlite"
+    migrate.upgrade(url)
+    engine = make_engine(url)
+    yield session_factory(engine)
+    engine.dispose()
+
+
+def _save(store: CheckpointStore, version: int, blob: bytes):
+    return store.save(version, blob, metrics={"loss": 0.5}, rows_trained=3, n_total=9, consumed=[])
+
+
+def test_checkpoint_store_keeps_blobs_in_the_row_by_default(sessions):
+    store = CheckpointStore(sessions)
+    row = _save(store, 1, ONE)
+    assert (row.blob, row.path, row.size_bytes) == (ONE, None, len(ONE))
+    stored_row, blob = store.latest()
+    assert (stored_row.version, blob, stored_row.metrics) == (1, ONE, {"loss": 0.5})
+
+
+def test_checkpoint_store_writes_files_in_a_directory(sessions, tmp_path):
+    directory = tmp_path / "checkpoints"
+    store = CheckpointStore(sessions, directory)
+    _save(store, 1, ONE)
+    row = _save(store, 2, TWO)
+    assert row.blob is None
+    assert sorted(p.name for p in directory.iterdir()) == [
+        f"checkpoint-00000001-{CheckpointStore.checksum(ONE)[:16]}.safetensors",
+        f"checkpoint-00000002-{CheckpointStore.checksum(TWO)[:16]}.safetensors",
+    ]
+    assert store.get(1)[1] == ONE
+    assert store.latest()[1] == TWO
+    assert store.get(3) is None
+    assert not list(directory.glob("*.partial"))
+
+
+def test_checkpoint_store_a_failed_commit_leaves_no_row(sessions, tmp_path):
+    store = CheckpointStore(sessions, tmp_path / "c")
+    _save(store, 1, ONE)
+    with pytest.raises(Exception, match="UNIQUE|unique|IntegrityError"):
+        _save(store, 1, TWO)  # the same version twice: the row insert fails
+    rows = repository.list_checkpoints(sessions)
+    assert [(r.version, r.checksum) for r in rows] == [(1, CheckpointStore.checksum(ONE))]
+    assert store.get(1)[1] == ONE  # the loser's file did not replace the stored one
+
+
+def test_checkpoint_store_refuses_bytes_that_are_not_the_recorded_ones(sessions, tmp_path):
+    store = CheckpointStore(sessions, tmp_path / "c")
+    row = _save(store, 1, ONE)
+    Path(row.path).write_bytes(TWO)  # tampered on disk
+    with pytest.raises(CheckpointError, match="recorded checksum"):
+        store.get(1)
+    Path(row.path).unlink()
+    with pytest.raises(CheckpointError, match="No such file"):
+        store.get(1)

@@ -1,0 +1,115 @@
+"""No input can push training out of floating-point range: API bounds, trainer filters,
+and checkpoints with non-finite parameters refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sqlalchemy import text
+
+import service.trainer as trainer_module
+from models import (
+    Checkpoint,
+    CheckpointError,
+    RegulariserData,
+    dump_checkpoint,
+    load_checkpoint,
+)
+from service.db import repository
+from service.trainer import Trainer
+from tests.factories import decision_row, make_net, make_transitions
+from tests.support import app_client, seed_checkpoint
+
+
+def _count(app, table: str) -> int:
+    with app.state.runtime.engine.connect() as connection:
+        return int(connection.execute(text(f"select count(*) from {table}")).scalar_one())
+
+
+@pytest.mark.anyio
+async def test_api_refuses_features_and_rewards_beyond_the_bounds(sqlite_settings):
+    settings = sqlite_settings.model_copy(update={"max_abs_feature": 100.0, "max_abs_reward": 10.0})
+    async with app_client(settings) as (client, app):
+        far = await client.post("/select", json={"context": [1.0, 2.0, -250.0, 0.0]})
+        assert far.status_code == 422
+        assert far.json()["error"]["field"] == "context.2"
+        assert "ROFU_MAX_ABS_FEATURE" in far.json()["error"]["message"]
+        assert _count(app, "decisions") == 0
+        ok = await client.post("/select", json={"context": [1.0, 2.0, -100.0, 0.0]})
+        assert ok.status_code == 200
+        big = await client.post("/reward", json={"event_id": ok.json()["event_id"], "value": 1e9})
+        assert (big.status_code, big.json()["error"]["field"]) == (422, "value")
+        assert _count(app, "rewards") == 0
+        fine = await client.post("/reward", json={"event_id": ok.json()["event_id"], "value": -10})
+        assert fine.status_code == 200
+
+
+@pytest.mark.anyio
+async def test_trainer_excludes_rows_beyond_the_bounds(sqlite_settings):
+    async with app_client(sqlite_settings) as (_, app):
+        runtime = app.state.runtime
+        rows = {
+            "ok": ([0.1, 0.2, 0.3, 0.4], 1.0),
+            "far": ([1e7, 0.0, 0.0, 0.0], 1.0),
+            "big": ([0.1, 0.2, 0.3, 0.4], 1e9),
+        }
+        for event_id, (context, _) in rows.items():
+            repository.save_decision(runtime.sessions, decision_row(event_id, context))
+        for event_id, (_, value) in rows.items():  # stored before a bound existed
+            with runtime.engine.begin() as connection:
+                connection.execute(
+                    text(
+                        "insert into rewards (event_id, value, received_at, repeats) values "
+                        "(:e, :v, '2026-01-01 00:00:00', 0)"
+                    ),
+                    {"e": event_id, "v": value},
+                )
+        report = Trainer(
+            sqlite_settings, runtime.sessions, runtime.store, runtime.local_bus
+        ).run_once()
+    assert (report.rewarded, report.excluded, report.consumed) == (1, 2, 3)
+
+
+@pytest.mark.anyio
+async def test_trainer_never_publishes_a_diverged_model(sqlite_settings, monkeypatch):
+    def diverge(net, *args, **kwargs):
+        with torch.no_grad():
+            next(net.parameters()).fill_(float("nan"))
+        return {"loss": float("nan")}
+
+    monkeypatch.setattr(trainer_module, "fit", diverge)
+    async with app_client(sqlite_settings) as (client, app):
+        runtime = app.state.runtime
+        chosen = await client.post("/select", json={"context": [0.1, 0.2, 0.3, 0.4]})
+        await client.post("/reward", json={"event_id": chosen.json()["event_id"], "value": 1.0})
+        trainer = Trainer(sqlite_settings, runtime.sessions, runtime.store, runtime.local_bus)
+        with pytest.raises(RuntimeError, match="diverged"):
+            trainer.run_once()
+        assert repository.latest_checkpoint(runtime.sessions) is None
+        assert len(repository.closed_decisions(runtime.sessions, repository.utcnow(), 10)) == 1
+
+
+def test_checkpoint_with_non_finite_parameters_is_refused():
+    net = make_net(3, 2, hidden=(4,))
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    state["layers.0.weight"][0, 0] = float("inf")
+    sample = make_transitions(6, 3, 2)
+    data = RegulariserData(sample, 6, sample.arms.bincount(minlength=2))
+    blob = dump_checkpoint(Checkpoint(1, net.config, state, data))
+    with pytest.raises(CheckpointError, match="non-finite"):
+        load_checkpoint(blob)
+
+
+@pytest.mark.anyio
+async def test_scores_that_overflow_are_refused_not_chosen(sqlite_settings):
+    """With the bound raised, a context that overflows the network's scores gets a 422
+    (choosing among NaNs once picked a non-candidate arm) and is not logged."""
+    settings = sqlite_settings.model_copy(update={"max_abs_feature": 1e30})
+    seed_checkpoint(settings, n_rows=50)
+    async with app_client(settings) as (client, app):
+        huge = await client.post("/select", json={"context": [1e30] * 4})
+        assert huge.status_code == 422
+        assert "not finite" in huge.json()["error"]["message"]
+        assert _count(app, "decisions") == 0
+        normal = await client.post("/select", json={"context": [0.1, 0.2, 0.3, 0.4]})
+        assert (normal.status_code, normal.json()["policy"]) == (200, "rofu")

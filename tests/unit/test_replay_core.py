@@ -1,0 +1,192 @@
+"""The replay harness's core: paired simulation, result files, the runner and the report."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from replay.bandits import PoolBandit
+from replay.cli import parse_seeds
+from replay.policies import POLICIES, build_policy, rofu_variant
+from replay.report import collect, json_safe, markdown, summarise, write_report
+from replay.runner import Job, jobs_for, run_jobs
+from replay.simulate import WARM_START, RunResult, simulate
+
+ARMS = 3
+
+
+def _bandit() -> PoolBandit:
+    """Three arms; arm i pays 1 on rows of class i (rows 0..5 cycle through classes)."""
+    contexts = np.eye(ARMS)[np.arange(6) % ARMS] + 0.1
+    return PoolBandit("toy", contexts, np.eye(ARMS)[np.arange(6) % ARMS])
+
+
+def test_simulate_warm_start_and_regret_bookkeeping():
+    stream = _bandit().stream(40, seed=1)
+    policy = build_policy("Uniform", ARMS, ARMS, 0, torch.device("cpu"))
+    result = simulate(policy, stream, bandit="toy", policy_name="Uniform", seed=1)
+    assert list(result.arms[: WARM_START * ARMS]) == [t % ARMS for t in range(WARM_START * ARMS)]
+    rows = np.arange(40)
+    want = stream.rewards.max(1) - stream.rewards[rows, result.arms]
+    np.testing.assert_array_equal(result.regret, want)
+    np.testing.assert_array_equal(
+        result.pseudo_regret, stream.means.max(1) - stream.means[rows, result.arms]
+    )
+    assert result.final_regret == pytest.approx(want.sum())
+    assert (result.rounds, result.policy, result.seed) == (40, "Uniform", 1)
+
+
+class _Recorder:
+    """A policy that always picks the last arm and records what it learns from."""
+
+    name, n_arms = "Recorder", ARMS
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, float]] = []
+
+    def select(self, contexts, candidates=None):
+        from models import Decision, Scores
+
+        zeros = torch.zeros(len(contexts), ARMS)
+        return Decision(
+            torch.full((len(contexts),), ARMS - 1), torch.ones(len(contexts)), Scores(zeros, zeros)
+        )
+
+    def update(self, batch):
+        self.seen.extend(zip(batch.arms.tolist(), batch.rewards.tolist(), strict=True))
+        return {}
+
+
+def test_simulate_feeds_every_round_to_the_policy():
+    stream = _bandit().stream(25, seed=2)
+    policy = _Recorder()
+    result = simulate(policy, stream)
+    assert [arm for arm, _ in policy.seen] == list(result.arms)
+    assert all(arm == ARMS - 1 for arm in result.arms[WARM_START * ARMS :])
+    want = stream.rewards[np.arange(25), result.arms]
+    np.testing.assert_allclose([r for _, r in policy.seen], want, rtol=1e-6)
+
+
+def test_runresult_save_load_round_trip(tmp_path):
+    result = RunResult(
+        "toy",
+        "P",
+        3,
+        np.array([0, 2, 1]),
+        np.array([0.0, 1.0, 0.5]),
+        np.array([0.0, 0.5, 0.25]),
+        1.25,
+    )
+    path = tmp_path / "x" / "r.npz"
+    result.save(path)
+    loaded = RunResult.load(path)
+    assert (loaded.bandit, loaded.policy, loaded.seed, loaded.seconds) == ("toy", "P", 3, 1.25)
+    np.testing.assert_array_equal(loaded.arms, result.arms)
+    np.testing.assert_array_equal(loaded.pseudo_regret, result.pseudo_regret)
+    assert not list(path.parent.glob("*.partial*"))
+
+
+def test_runner_is_resumable_and_parallel(tmp_path, monkeypatch):
+    import replay.runner as runner
+
+    monkeypatch.setattr(runner, "_bandit", lambda name, data_dir: _bandit())
+    jobs = jobs_for(["toy"], ["Uniform", "LinUCB"], [0, 1], rounds=30)
+    assert len(jobs) == 4
+    paths = run_jobs(jobs, tmp_path, workers=1, device="cpu", progress=False)
+    assert all(p.exists() for p in paths)
+    stamps = [p.stat().st_mtime_ns for p in paths]
+    run_jobs(jobs, tmp_path, workers=1, device="cpu", progress=False)  # nothing left to do
+    assert [p.stat().st_mtime_ns for p in paths] == stamps
+    assert Job("toy", "LinUCB", 1, 30).path(tmp_path) in paths
+
+
+def _fake_runs(finals: dict[str, list[float]]) -> dict[str, dict[str, list[RunResult]]]:
+    runs: dict[str, list[RunResult]] = {}
+    for policy, values in finals.items():
+        runs[policy] = [
+            RunResult(
+                "b",
+                policy,
+                seed,
+                np.zeros(2, dtype=np.int64),
+                np.array([v, 0.0]),
+                np.array([v, 0.0]),
+                2.0,
+            )
+            for seed, v in enumerate(values)
+        ]
+    return {"b": runs}
+
+
+def test_report_statistics():
+    finals = {
+        "ROFU": [10, 11, 12, 13, 14, 15],
+        "Uniform": [100, 90, 110, 95, 105, 100],
+        "Greedy": [20, 22, 21, 23, 19, 20],
+    }
+    table = summarise(_fake_runs(finals))["b"]
+    assert table["ROFU"].mean == pytest.approx(12.5)
+    assert table["ROFU"].sem == pytest.approx(np.std(finals["ROFU"], ddof=1) / math.sqrt(6))
+    assert table["ROFU"].normalised == pytest.approx(1.0)
+    assert table["Greedy"].normalised == pytest.approx(np.mean(finals["Greedy"]) / 12.5)
+    assert table["Uniform"].relative_uniform == pytest.approx(100.0)
+    assert table["ROFU"].relative_uniform == pytest.approx(100 * 12.5 / 100.0)
+    assert [table[p].rank for p in ("ROFU", "Greedy", "Uniform")] == [1.0, 2.0, 3.0]
+    assert table["Greedy"].wilcoxon_p == pytest.approx(0.03125)  # all 6 paired diffs positive
+    assert math.isnan(table["ROFU"].wilcoxon_p)
+    assert table["ROFU"].seconds_per_round == pytest.approx(1.0)
+
+
+def test_report_writes_markdown_json_and_plots(tmp_path):
+    for policy, runs in _fake_runs({"ROFU": [1, 2], "Uniform": [5, 6]})["b"].items():
+        for run in runs:
+            run.save(tmp_path / "runs" / "b" / policy / f"seed{run.seed}-T2.npz")
+    readme = write_report(tmp_path, "Test report", "preamble text", rounds=2)
+    text = readme.read_text()
+    assert "preamble text" in text
+    assert "| ROFU | 1.00 |" in text
+    assert (tmp_path / "plots" / "regret-b.png").stat().st_size > 1000
+    document = json.loads((tmp_path / "results.json").read_text())
+    assert document["cells"]["b"]["ROFU"]["wilcoxon_p"] is None
+    assert document["mean_rank"] == {"ROFU": 1.0, "Uniform": 2.0}
+    assert collect(tmp_path, rounds=99) == {}
+    assert "n/a" in markdown(summarise(_fake_runs({"ROFU": [1.0]})), "t")
+
+
+def test_json_safe_turns_non_finite_into_null():
+    assert json_safe({"a": [1.0, math.nan], "b": math.inf, "c": "x"}) == {
+        "a": [1.0, None],
+        "b": None,
+        "c": "x",
+    }
+
+
+def test_build_policy_knows_every_name_and_refuses_others():
+    for name in POLICIES:
+        policy = build_policy(name, 4, 3, 0, torch.device("cpu"))
+        assert policy.n_arms == 3
+    with pytest.raises(ValueError, match="unknown policy 'Nope'"):
+        build_policy("Nope", 4, 3, 0, torch.device("cpu"))
+
+
+def test_rofu_variant_parses_overrides():
+    variant = rofu_variant("ROFU@eta=0.1+reg=arm_count+hidden=32x16+fit_steps=3+base=drift")
+    assert (variant.rofu.eta, variant.rofu.regulariser, variant.rofu.baseline) == (
+        0.1,
+        "arm_count",
+        "drift",
+    )
+    assert (variant.hidden, variant.schedule.fit.steps) == ((32, 16), 3)
+    with pytest.raises(ValueError, match="unknown ROFU variant key 'nope'"):
+        rofu_variant("ROFU@nope=1")
+
+
+def test_parse_seeds():
+    assert parse_seeds("0-3") == (0, 1, 2, 3)
+    assert parse_seeds("1,5,7-8") == (1, 5, 7, 8)
+    with pytest.raises(Exception, match="seeds must look like"):
+        parse_seeds("a-b")

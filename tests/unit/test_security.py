@@ -1,0 +1,133 @@
+"""API keys: roles, key files, production rules, and that keys are never echoed."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from pydantic import SecretStr
+from sqlalchemy import text
+
+from service.app import create_app
+from service.security import KeyRing, read_key_file
+from service.settings import Settings
+from tests.support import app_client
+
+CLIENT = "client-key-aaaaaaaaaaaaaaaa"
+ADMIN = "admin-key-bbbbbbbbbbbbbbbbbb"
+BODY = {"context": [0.1, 0.2, 0.3, 0.4]}
+
+
+@pytest.fixture
+def keyed(sqlite_settings: Settings) -> Settings:
+    keys = {"api_keys": [SecretStr(CLIENT)], "admin_api_keys": [SecretStr(ADMIN)]}
+    return sqlite_settings.model_copy(update=keys)
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_keyring_roles_and_constant_time_lookup(keyed):
+    ring = KeyRing.from_settings(keyed)
+    assert (ring.role(CLIENT), ring.role(ADMIN), ring.role("nope"), ring.open) == (
+        "client",
+        "admin",
+        None,
+        False,
+    )
+    assert KeyRing.from_settings(
+        keyed.model_copy(update={"api_keys": [], "admin_api_keys": []})
+    ).open
+
+
+def test_keyring_reads_key_files(tmp_path, sqlite_settings):
+    path = tmp_path / "keys"
+    path.write_text("# rotated 2026-11\nfirst-key-1234567890\n\n  second-key-1234567890  \n")
+    assert read_key_file(path) == ["first-key-1234567890", "second-key-1234567890"]
+    ring = KeyRing.from_settings(sqlite_settings.model_copy(update={"api_keys_file": path}))
+    assert ring.role("second-key-1234567890") == "client"
+    with pytest.raises(ValueError, match="cannot read API key file"):
+        read_key_file(tmp_path / "missing")
+
+
+@pytest.mark.parametrize(
+    ("update", "message"),
+    [
+        ({}, "needs client and admin API keys"),
+        ({"api_keys": [CLIENT]}, "needs client and admin API keys"),
+        ({"api_keys": ["short"], "admin_api_keys": [ADMIN]}, "at least 16 characters"),
+    ],
+)
+def test_keyring_production_rules(update, message):
+    settings = Settings(
+        mode="production",
+        database_url="postgresql://x@localhost/db",
+        redis_url="redis://localhost:6379/0",
+        **update,
+    )
+    with pytest.raises(ValueError, match=message):
+        KeyRing.from_settings(settings)
+    with pytest.raises(ValueError, match=message):
+        create_app(settings)  # the API refuses to start
+
+
+def test_keyring_warns_when_the_service_runs_open(sqlite_settings, caplog):
+    with caplog.at_level(logging.WARNING, logger="rofu.security"):
+        KeyRing.from_settings(sqlite_settings)
+    assert "no API keys configured" in caplog.text
+
+
+@pytest.mark.anyio
+async def test_api_requires_a_client_key_and_writes_nothing_without_one(keyed):
+    async with app_client(keyed) as (client, app):
+        missing = await client.post("/select", json=BODY)
+        wrong = await client.post("/select", json=BODY, headers=_bearer("wrong-key-123456789"))
+        assert (missing.status_code, wrong.status_code) == (401, 401)
+        assert missing.headers["www-authenticate"] == "Bearer"
+        assert missing.json()["error"]["code"] == "unauthorized"
+        with app.state.runtime.engine.connect() as connection:
+            assert connection.execute(text("select count(*) from decisions")).scalar_one() == 0
+        ok = await client.post("/select", json=BODY, headers=_bearer(CLIENT))
+        by_header = await client.post("/select", json=BODY, headers={"X-API-Key": ADMIN})
+        assert (ok.status_code, by_header.status_code) == (200, 200)
+        reward = {"event_id": ok.json()["event_id"], "value": 1.0}
+        assert (await client.post("/reward", json=reward)).status_code == 401
+        assert (
+            await client.post("/reward", json=reward, headers=_bearer(CLIENT))
+        ).status_code == 200
+
+
+@pytest.mark.anyio
+async def test_api_admin_endpoints_need_an_admin_key(keyed):
+    async with app_client(keyed) as (client, _):
+        arm = {"id": "new-arm"}
+        assert (await client.post("/arms", json=arm, headers=_bearer(CLIENT))).status_code == 403
+        assert (await client.get("/admin/pin", headers=_bearer(CLIENT))).status_code == 403
+        assert (await client.get("/arms", headers=_bearer(CLIENT))).status_code == 200
+        assert (await client.get("/model", headers=_bearer(CLIENT))).status_code == 200
+        assert (await client.get("/model")).status_code == 401
+        assert (await client.post("/arms", json=arm, headers=_bearer(ADMIN))).status_code == 201
+        assert (await client.delete("/arms/new-arm", headers=_bearer(ADMIN))).status_code == 200
+        assert (await client.get("/admin/pin", headers=_bearer(ADMIN))).status_code == 200
+
+
+@pytest.mark.anyio
+async def test_api_probes_and_metrics_stay_open(keyed):
+    async with app_client(keyed) as (client, _):
+        for path in ("/healthz", "/readyz", "/metrics"):
+            assert (await client.get(path)).status_code == 200, path
+
+
+@pytest.mark.anyio
+async def test_api_never_echoes_or_logs_a_key(keyed, caplog):
+    secret = "presented-secret-key-99999"
+    with caplog.at_level(logging.DEBUG):
+        async with app_client(keyed) as (client, _):
+            bad = await client.post("/select", json=BODY, headers=_bearer(secret))
+            good = await client.post("/select", json=BODY, headers=_bearer(CLIENT))
+    assert bad.status_code == 401
+    assert secret not in bad.text
+    assert CLIENT not in good.text
+    for key in (secret, CLIENT, ADMIN):
+        assert key not in caplog.text

@@ -1,0 +1,505 @@
+"""The HTTP API in-process on SQLite: decisions, rewards, the catalogue, health and metrics.
+
+The app runs through its lifespan (`tests.support.app_client`); training is driven by
+hand with a `Trainer` on the app's own sessions, store and bus (sqlite_settings turns the
+background trainer off and closes reward windows at once).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from fastapi import FastAPI
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import text
+
+from service.db import repository
+from service.runtime import Runtime
+from service.settings import Settings
+from service.trainer import Trainer, TrainReport
+from tests.support import app_client
+
+CONTEXT = [0.5, -0.25, 1.0, 0.0]
+ARMS = ["arm-0", "arm-1", "arm-2", "arm-3"]
+Service = tuple[httpx.AsyncClient, FastAPI]
+
+
+@pytest.fixture
+async def service(sqlite_settings: Settings) -> AsyncIterator[Service]:
+    async with app_client(sqlite_settings) as pair:
+        yield pair
+
+
+def _runtime(app: FastAPI) -> Runtime:
+    runtime: Runtime = app.state.runtime
+    return runtime
+
+
+def _count(app: FastAPI, table: str) -> int:
+    with _runtime(app).engine.connect() as connection:
+        return int(connection.execute(text(f"select count(*) from {table}")).scalar_one())
+
+
+async def _select(client: httpx.AsyncClient, **body: Any) -> dict[str, Any]:
+    body.setdefault("context", CONTEXT)
+    response = await client.post("/select", json=body)
+    assert response.status_code == 200, response.text
+    decision: dict[str, Any] = response.json()
+    return decision
+
+
+def _error(
+    response: httpx.Response, status: int, field: str | None, *, named: bool = True
+) -> dict[str, Any]:
+    """The error body, after checking its status, field and that the message names it."""
+    assert response.status_code == status, response.text
+    error: dict[str, Any] = response.json()["error"]
+    assert set(error) == {"code", "message", "field"}
+    assert error["field"] == field
+    if field is not None and named:
+        assert field in error["message"]
+    return error
+
+
+async def _train(app: FastAPI) -> TrainReport:
+    runtime = _runtime(app)
+    trainer = Trainer(
+        runtime.settings, runtime.sessions, runtime.store, runtime.local_bus, runtime.metrics
+    )
+    report = await anyio.to_thread.run_sync(trainer.run_once)
+    assert report is not None
+    return report
+
+
+async def _with_checkpoint(client: httpx.AsyncClient, app: FastAPI) -> TrainReport:
+    """Log 24 rewarded decisions (arm-1 pays) and train one checkpoint on them."""
+    rng = random.Random(3)
+    for _ in range(24):
+        decision = await _select(client, context=[rng.uniform(-1, 1) for _ in range(4)])
+        value = 1.0 if decision["arm"] == "arm-1" else 0.0
+        response = await client.post(
+            "/reward", json={"event_id": decision["event_id"], "value": value}
+        )
+        assert response.status_code == 200, response.text
+    report = await _train(app)
+    assert report.version >= 1
+    assert report.rewarded == 24
+    return report
+
+
+def _metrics(body: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    samples = {}
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+# /select on a cold start ----------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_service_cold_start_selects_uniformly_and_logs(service: Service) -> None:
+    client, app = service
+    rng = random.Random(0)
+    decisions = [
+        await _select(client, context=[rng.uniform(-1, 1) for _ in range(4)]) for _ in range(120)
+    ]
+    for decision in decisions:
+        assert decision["policy"] == "cold-start"
+        assert decision["model_version"] == 0
+        assert decision["propensity"] == 0.25
+        assert decision["explore"] is True
+        assert [s["arm"] for s in decision["scores"]] == ARMS
+        assert all(s["mean"] is s["bonus"] is s["ucb"] is None for s in decision["scores"])
+    chosen = Counter(decision["arm"] for decision in decisions)
+    assert set(chosen) == set(ARMS)
+    assert all(15 <= n <= 45 for n in chosen.values()), chosen  # 30 expected each
+    assert _count(app, "decisions") == 120
+    first = decisions[0]
+    row = repository.find_decision(_runtime(app).sessions, first["event_id"])
+    assert row is not None
+    assert row.arm_id == first["arm"]
+    assert row.propensity == 0.25
+    assert row.model_version == 0
+    assert row.policy == "cold-start"
+    assert row.candidates == ARMS
+    assert row.scores == dict.fromkeys(ARMS)
+    assert row.explore is True
+    assert row.trained_in is None
+
+
+@pytest.mark.anyio
+async def test_service_select_same_event_id_returns_the_same_decision(service: Service) -> None:
+    client, app = service
+    first = await _select(client, event_id="order-1")
+    again = await _select(client, event_id="order-1")
+    as_floats = await _select(client, event_id="order-1", context=[float(v) for v in CONTEXT])
+    empty_exclude = await _select(client, event_id="order-1", exclude=[])
+    assert again == first
+    assert as_floats == first
+    assert empty_exclude == first  # omitted and empty `exclude` are the same request
+    assert _count(app, "decisions") == 1
+
+
+@pytest.mark.anyio
+async def test_service_select_concurrent_same_event_id_stores_one_decision(
+    service: Service,
+) -> None:
+    client, app = service
+    async with anyio.create_task_group() as group:
+        answers: list[dict[str, Any]] = []
+
+        async def one() -> None:
+            answers.append(await _select(client, event_id="race-1"))
+
+        for _ in range(8):
+            group.start_soon(one)
+    assert len(answers) == 8
+    assert all(answer == answers[0] for answer in answers)
+    assert _count(app, "decisions") == 1
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"context": [0.0, 0.0, 0.0, 0.0]},
+        {"arms": ["arm-0", "arm-1"]},
+        {"exclude": ["arm-3"]},
+        {"explore": False},
+    ],
+)
+async def test_service_select_same_event_id_different_request_is_409(
+    service: Service, change: dict[str, Any]
+) -> None:
+    client, app = service
+    first = await _select(client, event_id="order-2")
+    response = await client.post(
+        "/select", json={"context": CONTEXT, "event_id": "order-2", **change}
+    )
+    error = _error(response, 409, "event_id")
+    assert error["code"] == "conflict"
+    assert _count(app, "decisions") == 1
+    row = repository.find_decision(_runtime(app).sessions, "order-2")
+    assert row is not None
+    assert row.context == CONTEXT
+    assert row.arm_id == first["arm"]
+    assert await _select(client, event_id="order-2") == first
+
+
+@pytest.mark.anyio
+async def test_service_select_generates_distinct_event_ids(service: Service) -> None:
+    client, app = service
+    ids = [(await _select(client))["event_id"] for _ in range(6)]
+    assert len(set(ids)) == 6
+    assert all(ids)
+    assert _count(app, "decisions") == 6
+
+
+@pytest.mark.anyio
+async def test_service_select_restricts_to_the_listed_arms(service: Service) -> None:
+    client, app = service
+    decisions = [await _select(client, arms=["arm-3", "arm-1"]) for _ in range(30)]
+    assert {d["arm"] for d in decisions} == {"arm-1", "arm-3"}
+    assert all(d["propensity"] == 0.5 for d in decisions)
+    assert all([s["arm"] for s in d["scores"]] == ["arm-3", "arm-1"] for d in decisions)
+    row = repository.find_decision(_runtime(app).sessions, decisions[0]["event_id"])
+    assert row is not None
+    assert row.candidates == ["arm-3", "arm-1"]
+
+
+@pytest.mark.anyio
+async def test_service_select_never_chooses_an_excluded_arm(service: Service) -> None:
+    client, _ = service
+    decisions = [await _select(client, exclude=["arm-0"]) for _ in range(30)]
+    assert {d["arm"] for d in decisions} == {"arm-1", "arm-2", "arm-3"}
+    assert all(d["propensity"] == pytest.approx(1 / 3) for d in decisions)
+    assert all([s["arm"] for s in d["scores"]] == ARMS[1:] for d in decisions)
+    only = [await _select(client, arms=["arm-0", "arm-2"], exclude=["arm-0"]) for _ in range(5)]
+    assert all(d["arm"] == "arm-2" and d["propensity"] == 1.0 for d in only)
+
+
+@pytest.mark.anyio
+async def test_service_select_logs_explore_false(service: Service) -> None:
+    client, app = service
+    decision = await _select(client, event_id="no-explore", explore=False)
+    assert decision["explore"] is False
+    row = repository.find_decision(_runtime(app).sessions, "no-explore")
+    assert row is not None
+    assert row.explore is False
+
+
+# /reward -------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_service_reward_is_accepted_once_then_duplicate(service: Service) -> None:
+    client, app = service
+    decision = await _select(client, event_id="rewarded-1")
+    body = {"event_id": "rewarded-1", "value": 1.5}
+    first = await client.post("/reward", json=body)
+    assert first.status_code == 200, first.text
+    assert first.json() == {"event_id": "rewarded-1", "value": 1.5, "duplicate": False}
+    again = await client.post("/reward", json=body)
+    assert again.status_code == 200, again.text
+    assert again.json() == {"event_id": "rewarded-1", "value": 1.5, "duplicate": True}
+    assert _count(app, "rewards") == 1
+    assert decision["event_id"] == "rewarded-1"
+    conflict = await client.post("/reward", json={"event_id": "rewarded-1", "value": 0.0})
+    assert _error(conflict, 409, "value")["code"] == "conflict"
+    with _runtime(app).engine.connect() as connection:
+        value, repeats = connection.execute(text("select value, repeats from rewards")).one()
+    assert (value, repeats) == (1.5, 1)
+
+
+@pytest.mark.anyio
+async def test_service_reward_for_unknown_event_is_404(service: Service) -> None:
+    client, app = service
+    response = await client.post("/reward", json={"event_id": "never-made", "value": 1.0})
+    error = _error(response, 404, "event_id")
+    assert error["code"] == "not_found"
+    assert "never-made" in error["message"]
+    assert _count(app, "rewards") == 0
+
+
+# After a checkpoint ----------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_service_select_uses_rofu_after_a_checkpoint(service: Service) -> None:
+    client, app = service
+    report = await _with_checkpoint(client, app)
+    rng = random.Random(5)
+    for _ in range(10):
+        decision = await _select(client, context=[rng.uniform(-1, 1) for _ in range(4)])
+        assert decision["policy"] == "rofu"
+        assert decision["model_version"] == report.version
+        scores = {s["arm"]: s for s in decision["scores"]}
+        assert list(scores) == ARMS
+        for s in scores.values():
+            assert all(math.isfinite(s[key]) for key in ("mean", "bonus", "ucb"))
+            assert s["bonus"] >= 0
+            assert s["ucb"] == pytest.approx(s["mean"] + s["bonus"], rel=1e-12, abs=1e-12)
+        best = max(scores.values(), key=lambda s: s["ucb"])
+        assert decision["arm"] == best["arm"]
+        assert decision["propensity"] == 1.0
+    model = (await client.get("/model")).json()
+    assert model["version"] == report.version
+    assert model["n_data"] == 24
+    assert model["checksum"]
+    ready = (await client.get("/readyz")).json()
+    assert ready["checks"]["model"] == "loaded"
+
+
+@pytest.mark.anyio
+async def test_service_select_explore_false_exploits_the_mean(sqlite_settings: Settings) -> None:
+    # A large bonus scale makes the optimistic and the greedy choice disagree often.
+    settings = sqlite_settings.model_copy(update={"bonus_scale": 20.0})
+    async with app_client(settings) as (client, app):
+        await _with_checkpoint(client, app)
+        rng = random.Random(6)
+        disagreements = 0
+        for _ in range(20):
+            decision = await _select(
+                client, context=[rng.uniform(-1, 1) for _ in range(4)], explore=False
+            )
+            assert decision["explore"] is False
+            assert decision["propensity"] == 1.0
+            greedy = max(decision["scores"], key=lambda s: s["mean"])
+            optimistic = max(decision["scores"], key=lambda s: s["ucb"])
+            assert decision["arm"] == greedy["arm"]
+            disagreements += greedy["arm"] != optimistic["arm"]
+    assert disagreements > 0  # otherwise this test could not tell exploit from explore
+
+
+@pytest.mark.anyio
+async def test_service_select_replays_a_scored_decision_exactly(service: Service) -> None:
+    client, app = service
+    await _with_checkpoint(client, app)
+    first = await _select(client, event_id="scored-1")
+    newer = await _train(app)  # consumes scored-1 and serves a newer checkpoint
+    assert newer.version == first["model_version"] + 1
+    assert (await client.get("/model")).json()["version"] == newer.version
+    assert await _select(client, event_id="scored-1") == first
+
+
+# The arm catalogue ------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_service_added_arm_is_selectable_at_once(service: Service) -> None:
+    client, app = service
+    await _with_checkpoint(client, app)
+    response = await client.post("/arms", json={"id": "arm-new"})
+    assert response.status_code == 201, response.text
+    assert response.json() == {"id": "arm-new", "slot": 4, "features": None, "active": True}
+    decision = await _select(client)
+    scores = {s["arm"]: s for s in decision["scores"]}
+    assert list(scores) == [*ARMS, "arm-new"]
+    assert math.isfinite(scores["arm-new"]["ucb"])
+    alone = await _select(client, arms=["arm-new"])
+    assert alone["arm"] == "arm-new"
+    assert alone["propensity"] == 1.0
+    listed = (await client.get("/arms")).json()
+    assert [arm["id"] for arm in listed] == [*ARMS, "arm-new"]
+
+
+@pytest.mark.anyio
+async def test_service_add_arm_twice_is_409(service: Service) -> None:
+    client, app = service
+    assert (await client.post("/arms", json={"id": "arm-x"})).status_code == 201
+    for arm_id in ("arm-x", "arm-0"):
+        response = await client.post("/arms", json={"id": arm_id})
+        error = _error(response, 409, "id", named=False)
+        assert error["code"] == "conflict"
+        assert arm_id in error["message"]
+    assert _count(app, "arms") == 5
+
+
+@pytest.mark.anyio
+async def test_service_full_catalogue_refuses_a_new_arm(sqlite_settings: Settings) -> None:
+    settings = sqlite_settings.model_copy(update={"max_arms": 4})  # the 4 demo arms fill it
+    async with app_client(settings) as (client, app):
+        response = await client.post("/arms", json={"id": "arm-4"})
+        error = _error(response, 409, "id", named=False)
+        assert "max_arms=4" in error["message"]
+        assert _count(app, "arms") == 4
+
+
+@pytest.mark.anyio
+async def test_service_retired_arm_is_never_selected(service: Service) -> None:
+    client, app = service
+    response = await client.delete("/arms/arm-2")
+    assert response.status_code == 200, response.text
+    assert response.json()["active"] is False
+    decisions = [await _select(client) for _ in range(40)]
+    assert {d["arm"] for d in decisions} == {"arm-0", "arm-1", "arm-3"}
+    assert all("arm-2" not in [s["arm"] for s in d["scores"]] for d in decisions)
+    assert all(d["propensity"] == pytest.approx(1 / 3) for d in decisions)
+    for arms in (["arm-2"], ["arm-1", "arm-2"]):
+        refused = await client.post("/select", json={"context": CONTEXT, "arms": arms})
+        assert "retired" in _error(refused, 422, "arms")["message"]
+    assert (await client.delete("/arms/arm-2")).status_code == 200  # retiring again: no-op
+    assert _count(app, "decisions") == 40
+
+
+@pytest.mark.anyio
+async def test_service_retired_arm_is_never_selected_by_rofu(service: Service) -> None:
+    client, app = service
+    await _with_checkpoint(client, app)
+    assert (await client.delete("/arms/arm-1")).status_code == 200  # the paying arm
+    decisions = [await _select(client, context=[0.1 * i, 0, 0, 0]) for i in range(10)]
+    assert all(d["policy"] == "rofu" and d["arm"] != "arm-1" for d in decisions)
+    assert all([s["arm"] for s in d["scores"]] == ["arm-0", "arm-2", "arm-3"] for d in decisions)
+
+
+@pytest.mark.anyio
+async def test_service_unknown_arm_is_refused(service: Service) -> None:
+    client, app = service
+    gone = await client.delete("/arms/ghost")
+    assert "ghost" in _error(gone, 404, "id", named=False)["message"]
+    for key in ("arms", "exclude"):
+        response = await client.post("/select", json={"context": CONTEXT, key: ["ghost"]})
+        assert "ghost" in _error(response, 422, key)["message"]
+    assert _count(app, "decisions") == 0
+
+
+# Health, metrics, OpenAPI ----------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_service_health_endpoints(service: Service) -> None:
+    client, _ = service
+    alive = await client.get("/healthz")
+    assert alive.status_code == 200
+    assert alive.json()["status"] == "ok"
+    ready = await client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json() == {
+        "status": "ready",
+        "checks": {"database": "ok", "model": "cold-start"},
+    }
+
+
+@pytest.mark.anyio
+async def test_service_readyz_is_503_without_a_database(service: Service) -> None:
+    client, app = service
+    runtime = _runtime(app)
+    original = runtime.database_ok
+    runtime.database_ok = lambda: False  # type: ignore[method-assign]
+    try:
+        response = await client.get("/readyz")
+    finally:
+        runtime.database_ok = original  # type: ignore[method-assign]
+    assert response.status_code == 503
+    assert response.json()["checks"]["database"] == "unreachable"
+
+
+@pytest.mark.anyio
+async def test_service_metrics_count_requests_and_outcomes(service: Service) -> None:
+    client, _ = service
+    decision = await _select(client)
+    body = {"event_id": decision["event_id"], "value": 1.0}
+    await client.post("/reward", json=body)
+    await client.post("/reward", json=body)
+    await client.post("/reward", json={"event_id": "ghost", "value": 1.0})
+    response = await client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    samples = _metrics(response.text)
+    names = {name for name, _ in samples}
+    for name in (
+        "rofu_http_requests_total",
+        "rofu_select_batch_size_count",
+        "rofu_selections_total",
+        "rofu_rewards_total",
+        "rofu_model_version",
+        "rofu_checkpoint_age_seconds",
+    ):
+        assert name in names, name
+    request = (("endpoint", "/select"), ("method", "POST"), ("status", "200"))
+    assert samples[("rofu_http_requests_total", request)] == 1
+    assert samples[("rofu_select_batch_size_count", ())] == 1
+    assert samples[("rofu_select_batch_size_sum", ())] == 1
+    chosen = (("arm", decision["arm"]), ("policy", "cold-start"))
+    assert samples[("rofu_selections_total", chosen)] == 1
+    for outcome in ("accepted", "duplicate", "unknown_event"):
+        assert samples[("rofu_rewards_total", (("outcome", outcome),))] == 1
+    assert samples[("rofu_model_version", ())] == 0
+    assert samples[("rofu_checkpoint_age_seconds", ())] == 0
+
+
+@pytest.mark.anyio
+async def test_service_metrics_report_the_served_model(service: Service) -> None:
+    client, app = service
+    report = await _with_checkpoint(client, app)
+    samples = _metrics((await client.get("/metrics")).text)
+    assert samples[("rofu_model_version", ())] == report.version
+    assert samples[("rofu_checkpoint_age_seconds", ())] >= 0
+    assert samples[("rofu_checkpoint_swaps_total", ())] == 1
+
+
+@pytest.mark.anyio
+async def test_service_openapi_lists_the_api(service: Service) -> None:
+    client, _ = service
+    response = await client.get("/openapi.json")
+    assert response.status_code == 200
+    schema = response.json()
+    paths = schema["paths"]
+    for path in ("/select", "/reward", "/arms", "/arms/{arm_id}", "/model", "/readyz"):
+        assert path in paths, path
+    assert "post" in paths["/select"]
+    assert "post" in paths["/reward"]
+    assert {"get", "post"} <= set(paths["/arms"])
+    assert "422" in paths["/select"]["post"]["responses"]
+    request = schema["components"]["schemas"]["SelectRequest"]
+    assert set(request["properties"]) == {"context", "event_id", "arms", "exclude", "explore"}
+    assert request["required"] == ["context"]

@@ -1,0 +1,230 @@
+"""Settings: sources and their precedence, validators, and the configs built from them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from models import FitConfig, RewardNetConfig, RofuConfig
+from service.settings import ArmSpec, Settings, get_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No ROFU_* variable of the calling shell leaks into these tests."""
+    for name in list(os.environ):
+        if name.upper().startswith("ROFU_"):
+            monkeypatch.delenv(name)
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
+
+
+def _toml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "rofu.toml"
+    path.write_text(text)
+    return path
+
+
+def test_settings_defaults_are_the_embedded_demo() -> None:
+    settings = Settings()
+    assert settings.mode == "embedded"
+    assert settings.is_sqlite
+    assert settings.redis_url is None
+    assert [arm.id for arm in settings.arms] == ["arm-0", "arm-1", "arm-2", "arm-3"]
+    assert settings.embedded_trainer is True
+
+
+def test_settings_read_prefixed_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROFU_CONTEXT_DIM", "12")
+    monkeypatch.setenv("ROFU_HIDDEN", "[32, 16]")
+    monkeypatch.setenv("ROFU_ARMS", '[{"id": "red"}, {"id": "blue"}]')
+    monkeypatch.setenv("ROFU_EMBEDDED_TRAINER", "false")
+    monkeypatch.setenv("ROFU_STEP_SIZE", "0.5")
+    monkeypatch.setenv("ROFU_DATABASE_URL", "postgresql://u@db:5432/rofu")
+    monkeypatch.setenv("ROFU_REDIS_URL", "redis://cache:6379/0")
+    monkeypatch.setenv("CONTEXT_DIM", "99")  # unprefixed: ignored
+    settings = Settings()
+    assert settings.context_dim == 12
+    assert settings.hidden == (32, 16)
+    assert settings.arms == [ArmSpec(id="red"), ArmSpec(id="blue")]
+    assert settings.embedded_trainer is False
+    assert settings.step_size == 0.5
+    assert settings.database_url == "postgresql://u@db:5432/rofu"
+    assert not settings.is_sqlite
+    assert settings.redis_url == "redis://cache:6379/0"
+
+
+def test_settings_ignore_test_harness_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    # CI exports these next to the service's own; they must not trip extra="forbid".
+    monkeypatch.setenv("ROFU_REQUIRE_SERVICES", "1")
+    monkeypatch.setenv("ROFU_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1/test")
+    assert Settings().context_dim == 8
+
+
+def test_settings_refuse_a_malformed_environment_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROFU_CONTEXT_DIM", "eight")
+    with pytest.raises(ValidationError, match="context_dim"):
+        Settings()
+
+
+def test_settings_read_the_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _toml(
+        tmp_path,
+        'context_dim = 5\nhidden = [8]\narms = [{ id = "a" }, { id = "b" }, { id = "c" }]\n'
+        "reward_window_seconds = 2.5\n",
+    )
+    monkeypatch.setenv("ROFU_CONFIG_FILE", str(path))
+    settings = Settings()
+    assert settings.context_dim == 5
+    assert settings.hidden == (8,)
+    assert [arm.id for arm in settings.arms] == ["a", "b", "c"]
+    assert settings.reward_window_seconds == 2.5
+
+
+def test_settings_precedence_constructor_then_env_then_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _toml(tmp_path, "context_dim = 5\nseed = 11\nsteps = 3\n")
+    monkeypatch.setenv("ROFU_CONFIG_FILE", str(path))
+    monkeypatch.setenv("ROFU_CONTEXT_DIM", "6")
+    monkeypatch.setenv("ROFU_SEED", "12")
+    settings = Settings(seed=13)
+    assert settings.seed == 13  # constructor beats env and file
+    assert settings.context_dim == 6  # env beats file
+    assert settings.steps == 3  # file beats default
+
+
+def test_settings_missing_config_file_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = tmp_path / "nowhere.toml"
+    monkeypatch.setenv("ROFU_CONFIG_FILE", str(missing))
+    with pytest.raises(ValueError, match="ROFU_CONFIG_FILE=.*nowhere.toml.*not a readable file"):
+        Settings()
+
+
+def test_settings_refuse_unknown_keys_in_the_config_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ROFU_CONFIG_FILE", str(_toml(tmp_path, "contxt_dim = 5\n")))
+    with pytest.raises(ValidationError, match="contxt_dim"):
+        Settings()
+
+
+def test_settings_load_the_shipped_demo_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROFU_CONFIG_FILE", str(ROOT / "config" / "demo.toml"))
+    settings = Settings()
+    assert settings.mode == "embedded"
+    assert settings.context_dim == 8
+    assert settings.reward_window_seconds == 5.0
+
+
+def test_settings_get_settings_is_cached(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROFU_CONTEXT_DIM", "3")
+    first = get_settings()
+    monkeypatch.setenv("ROFU_CONTEXT_DIM", "4")
+    assert get_settings() is first
+    assert first.context_dim == 3
+
+
+def test_settings_are_frozen() -> None:
+    settings = Settings()
+    with pytest.raises(ValidationError, match="frozen"):
+        settings.context_dim = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"arms": [{"id": "a"}, {"id": "a"}]}, "arm ids must be unique"),
+        ({"arms": [{"id": f"a{i}"} for i in range(3)], "max_arms": 2}, "exceed max_arms=2"),
+        (
+            {"arm_feature_dim": 2, "arms": [{"id": "a", "features": [1.0]}]},
+            "arm 'a' has 1 features, arm_feature_dim is 2",
+        ),
+        ({"arm_feature_dim": 2, "arms": [{"id": "a"}]}, "arm 'a' has 0 features"),
+        ({"arms": [{"id": "a", "features": [1.0]}]}, "arm_feature_dim is 0"),
+        ({"arms": [{"id": "bad id"}]}, "String should match pattern"),
+        ({"database_url": "mysql://u@db/rofu"}, "database_url must start with"),
+        ({"database_url": "var/rofu.sqlite"}, "database_url must start with"),
+        ({"redis_url": "http://cache:6379"}, "redis_url must start with"),
+        ({"hidden": (16, 0)}, "hidden width must be >= 1"),
+        (
+            {"mode": "production", "database_url": "sqlite:///var/rofu.sqlite"},
+            "production mode needs a Postgres database_url",
+        ),
+        (
+            {"mode": "production", "database_url": "postgresql://u@db/rofu"},
+            "production mode needs redis_url",
+        ),
+        ({"unknown_setting": 1}, "unknown_setting"),
+    ],
+)
+def test_settings_validators_refuse(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        Settings(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"mode": "production", "database_url": "postgresql://u@db/r", "redis_url": "redis://c"},
+        {"database_url": "postgresql+psycopg://u@db/r", "redis_url": "rediss://c:6380/1"},
+        {"arm_feature_dim": 2, "arms": [{"id": "a", "features": [0.5, -1.0]}]},
+        {"arms": [{"id": f"a{i}"} for i in range(3)], "max_arms": 3},
+    ],
+)
+def test_settings_validators_accept(kwargs: dict[str, object]) -> None:
+    Settings(**kwargs)  # type: ignore[arg-type]
+
+
+def test_settings_net_config_per_arm() -> None:
+    settings = Settings(context_dim=7, max_arms=10, hidden=(12, 6), activation="tanh", seed=4)
+    assert settings.net_config() == RewardNetConfig(
+        context_dim=7, n_arms=10, hidden=(12, 6), activation="tanh", arm_feature_dim=0, seed=4
+    )
+
+
+def test_settings_net_config_arm_features() -> None:
+    settings = Settings(
+        context_dim=3, arm_feature_dim=2, arms=[{"id": "a", "features": [1.0, 2.0]}]
+    )
+    config = settings.net_config()
+    assert config.n_arms == 0
+    assert config.arm_feature_dim == 2
+    assert config.context_dim == 3
+
+
+def test_settings_rofu_config() -> None:
+    settings = Settings(
+        steps=7,
+        step_size=0.05,
+        step_decay=0.9,
+        eta=0.5,
+        regulariser="arm_count",
+        l2=1.0,
+        minibatch_size=64,
+        bonus_scale=2.0,
+    )
+    assert settings.rofu_config() == RofuConfig(
+        steps=7,
+        step_size=0.05,
+        step_decay=0.9,
+        eta=0.5,
+        regulariser="arm_count",
+        l2=1.0,
+        minibatch_size=64,
+        bonus_scale=2.0,
+    )
+
+
+def test_settings_fit_config() -> None:
+    settings = Settings(fit_steps=11, fit_batch_size=32, fit_optimizer="sgd", fit_lr=0.1)
+    assert settings.fit_config() == FitConfig(steps=11, batch_size=32, optimizer="sgd", lr=0.1)
