@@ -173,8 +173,11 @@ def markdown(table: dict[str, dict[str, Cell]], title: str, preamble: str = "") 
             return f"{cell.mean:.1f} +- {_fmt(cell.sem, 1)}"
         if value == "time":
             return f"{1000 * cell.seconds_per_round:.2f}"
+        if value == "runs":
+            return f"{len(cell.seeds)} x T={cell.rounds}"
         return _fmt(getattr(cell, value), 3 if value == "wilcoxon_p" else 2)
 
+    grid("Runs behind each cell: seeds x rounds", "runs")
     grid("Final cumulative pseudo-regret, mean +- s.e.m.", "raw")
     grid("Normalised to the best policy of each data set (paper convention)", "normalised")
     grid("Relative to Uniform = 100 (Showdown convention)", "relative_uniform")

@@ -149,6 +149,7 @@ def test_report_writes_markdown_json_and_plots(tmp_path):
     text = readme.read_text()
     assert "preamble text" in text
     assert "| ROFU | 1.00 |" in text
+    assert "| ROFU | 2 x T=2 |" in text  # every cell says how many seeds and rounds it holds
     assert (tmp_path / "plots" / "regret-b.png").stat().st_size > 1000
     document = json.loads((tmp_path / "results.json").read_text())
     assert document["cells"]["b"]["ROFU"]["wilcoxon_p"] is None
