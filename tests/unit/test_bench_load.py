@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from benchmarks import load, load_report
+from benchmarks import load, load_inprocess, load_report
 from service.settings import Settings
 
 METRICS_TEXT = """\
@@ -124,7 +124,7 @@ def test_load_audit_rewards_finds_lost_doubled_and_wrong_rewards(tmp_path):
                 "(?, ?, '2026-01-01 00:00:00', 0)",
                 (event, value),
             )
-    audit = load.audit_rewards(url, {"a": 1.0, "b": 2.5, "c": 3.0})
+    audit = load_inprocess.audit_rewards(url, {"a": 1.0, "b": 2.5, "c": 3.0})
     assert audit == {
         "acknowledged": 3,
         "stored": 3,
@@ -133,4 +133,4 @@ def test_load_audit_rewards_finds_lost_doubled_and_wrong_rewards(tmp_path):
         "wrong_value": 1,
         "unacknowledged_stored": 1,
     }
-    assert load.audit_rewards(url, {"a": 1.0, "b": 2.0, "d": 4.0})["missing"] == 0
+    assert load_inprocess.audit_rewards(url, {"a": 1.0, "b": 2.0, "d": 4.0})["missing"] == 0
