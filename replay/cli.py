@@ -9,7 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from replay.policies import POLICIES
+from replay.policies import POLICIES, check_policy_name
 from replay.runner import PROTOCOLS, jobs_for, run_jobs
 
 
@@ -65,12 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.http:
         return _http(args.http, datasets, seeds, rounds, out, args.data_dir)
     policies = args.policies or tuple(POLICIES)
-    unknown = [p for p in policies if p not in POLICIES and not p.startswith(("VW-", "ROFU@"))]
-    if unknown:
-        parser.error(
-            f"unknown policies {unknown}; known: {', '.join(POLICIES)}, VW-SquareCB, "
-            "VW-EpsilonGreedy"
-        )
+    for name in policies:
+        try:
+            check_policy_name(name)
+        except ValueError as exc:
+            parser.error(str(exc))
     if not args.report_only:
         run_jobs(
             jobs_for(datasets, policies, seeds, rounds),

@@ -75,7 +75,12 @@ def run_job(job: Job, out: Path, data_dir: str | None, device: str) -> Path:
     bandit = _bandit(job.bandit, data_dir)
     stream = bandit.stream(job.rounds, job.seed)
     policy = build_policy(
-        job.policy, bandit.context_dim, bandit.n_arms, job.seed, torch.device(device)
+        job.policy,
+        bandit.context_dim,
+        bandit.n_arms,
+        job.seed,
+        torch.device(device),
+        bandit=job.bandit,
     )
     result: RunResult = simulate(
         policy, stream, bandit=job.bandit, policy_name=job.policy, seed=job.seed

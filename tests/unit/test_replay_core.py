@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from replay.bandits import PoolBandit
-from replay.cli import parse_seeds
-from replay.policies import POLICIES, build_policy, rofu_variant
+from replay.cli import main, parse_seeds
+from replay.policies import POLICIES, ROFU_DEFAULTS, build_policy, rofu_variant
 from replay.report import collect, json_safe, markdown, summarise, write_report
 from replay.runner import Job, jobs_for, run_jobs
 from replay.simulate import WARM_START, RunResult, simulate
@@ -182,8 +182,37 @@ def test_rofu_variant_parses_overrides():
         "drift",
     )
     assert (variant.hidden, variant.schedule.fit.steps) == ((32, 16), 3)
+    fit = rofu_variant("ROFU@fit_opt=sgd+fit_batch=64+fit_sched=inverse_time+fit_decay=0.5")
+    assert (fit.schedule.fit.optimizer, fit.schedule.fit.batch_size) == ("sgd", 64)
+    assert (fit.schedule.fit.lr_schedule, fit.schedule.fit.lr_decay) == ("inverse_time", 0.5)
     with pytest.raises(ValueError, match="unknown ROFU variant key 'nope'"):
         rofu_variant("ROFU@nope=1")
+    with pytest.raises(ValueError, match="optimizer"):
+        rofu_variant("ROFU@fit_opt=lbfgs")
+
+
+def test_greedy_matched_variant_takes_the_rofu_overrides():
+    policy = build_policy("Greedy-matched@fit_lr=0.0001+hidden=8", 4, 3, 0, torch.device("cpu"))
+    assert policy.n_arms == 3
+
+
+def test_rofu_takes_its_per_data_set_overrides_on_mushroom_only():
+    cpu = torch.device("cpu")
+    for name in ("ROFU", "Greedy-matched"):
+        tuned = build_policy(name, 4, 2, 0, cpu, bandit="mushroom")
+        default = build_policy(name, 4, 2, 0, cpu, bandit="statlog")
+        assert tuned.schedule.fit.lr == 1e-4
+        assert default.schedule.fit.lr == ROFU_DEFAULTS.schedule.fit.lr == 1e-3
+    assert build_policy("Greedy", 4, 2, 0, cpu, bandit="mushroom").schedule.fit.lr == 0.1
+
+
+def test_replay_cli_rejects_a_bad_policy_before_running_anything(tmp_path, capsys):
+    for name in ("ROFU@eta=abc", "Greedy-matched@nope=1", "Nope", "ROFU@fit_opt=lbfgs"):
+        with pytest.raises(SystemExit) as exc:
+            main(["--policies", name, "--out", str(tmp_path)])
+        assert exc.value.code == 2
+        assert "error:" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
 
 
 def test_parse_seeds():
