@@ -51,6 +51,7 @@ class RofuDefaults:
     """ROFU's network, estimator and training schedule in the replay harness."""
 
     hidden: tuple[int, ...] = (100,)
+    init_scale: float = 0.0  # 0: PyTorch's default initialisation
     # Frozen after results/tuning (Statlog, Mushroom, Financial; seeds 1000-1001, T = 2000;
     # disjoint from every reported seed): the authors' arm-count weighting and the drift
     # baseline had the lowest mean normalised regret. M = 5, eta = 1, step 0.01 as the paper.
@@ -63,8 +64,26 @@ class RofuDefaults:
         )
     )
 
+    def net(self, context_dim: int, n_arms: int, seed: int) -> RewardNetConfig:
+        return RewardNetConfig(
+            context_dim=context_dim,
+            n_arms=n_arms,
+            hidden=self.hidden,
+            init_scale=self.init_scale,
+            seed=seed,
+        )
+
 
 ROFU_DEFAULTS = RofuDefaults()
+
+LEARNERS = {
+    "rofu": ROFU_DEFAULTS,
+    # ROFU's estimator on the Showdown baselines' learner: ROFU against Greedy is then
+    # exploration alone.
+    "showdown": dataclasses.replace(
+        ROFU_DEFAULTS, hidden=(50,), init_scale=0.3, schedule=SHOWDOWN_SCHEDULE
+    ),
+}
 
 # The paper tuned ROFU on Statlog and reused it everywhere "except mushroom, because the
 # reward scale of mushroom is much larger". Ours likewise: Mushroom's rewards (+5, or -35 / +5
@@ -134,16 +153,15 @@ def _matched_greedy(
 ) -> Policy:
     """Greedy with ROFU's own network and training schedule: the ablation that separates
     what ROFU's exploration adds from what its training does."""
-    config = RewardNetConfig(context_dim=d, n_arms=a, hidden=defaults.hidden, seed=seed)
-    return Greedy(config, defaults.schedule, device=device, seed=seed)
+    return Greedy(defaults.net(d, a, seed), defaults.schedule, device=device, seed=seed)
 
 
 def rofu_builder(defaults: RofuDefaults) -> Builder:
     """A ROFU builder at the given defaults (the tuner builds many)."""
 
     def build(d: int, a: int, seed: int, device: torch.device) -> Policy:
-        config = RewardNetConfig(context_dim=d, n_arms=a, hidden=defaults.hidden, seed=seed)
-        return RofuPolicy(config, defaults.schedule, rofu=defaults.rofu, device=device, seed=seed)
+        net = defaults.net(d, a, seed)
+        return RofuPolicy(net, defaults.schedule, rofu=defaults.rofu, device=device, seed=seed)
 
     return build
 
@@ -178,6 +196,8 @@ VARIANT_KEYS = {
     "fit_batch": ("fit", "batch_size", int),
     "fit_sched": ("fit", "lr_schedule", str),
     "fit_decay": ("fit", "lr_decay", float),
+    "clip": ("fit", "max_grad_norm", float),
+    "init": ("net", "init_scale", float),
     "every": ("schedule", "every", int),
 }
 
@@ -202,16 +222,23 @@ def rofu_variant(spec: str) -> RofuDefaults:
     """ROFU_DEFAULTS with overrides, from a name like `ROFU@eta=0.1+reg=arm_count+hidden=100x100`
     (`Greedy-matched@...` takes the same overrides for its network and schedule).
 
-    Keys: hidden (widths joined by x) and those of VARIANT_KEYS.
+    Keys: hidden (widths joined by x), learner (`showdown`: the Showdown baselines' network
+    and schedule, which the other keys still override) and those of VARIANT_KEYS.
     """
     _, _, overrides = spec.partition("@")
-    rofu, fit, schedule = ROFU_DEFAULTS.rofu, ROFU_DEFAULTS.schedule.fit, ROFU_DEFAULTS.schedule
-    hidden = ROFU_DEFAULTS.hidden
-    changes: dict[str, dict[str, object]] = {"rofu": {}, "fit": {}, "schedule": {}}
+    base = ROFU_DEFAULTS
+    changes: dict[str, dict[str, object]] = {"rofu": {}, "fit": {}, "schedule": {}, "net": {}}
     for item in filter(None, overrides.split("+")):
         key, _, value = item.partition("=")
-        if key == "hidden":
-            hidden = tuple(int(w) for w in value.split("x"))
+        if key == "learner":
+            if value not in LEARNERS:
+                raise ValueError(f"learner must be one of {sorted(LEARNERS)}, got {value!r}")
+            base = LEARNERS[value]
+        elif key == "hidden":
+            try:
+                changes["net"]["hidden"] = tuple(int(w) for w in value.split("x"))
+            except ValueError:
+                raise ValueError(f"bad value {value!r} for ROFU variant key 'hidden'") from None
         elif key in VARIANT_KEYS:
             part, field, cast = VARIANT_KEYS[key]
             try:
@@ -220,9 +247,10 @@ def rofu_variant(spec: str) -> RofuDefaults:
                 raise ValueError(f"bad value {value!r} for ROFU variant key {key!r}") from None
         else:
             raise ValueError(f"unknown ROFU variant key {key!r} in {spec!r}")
-    fit = dataclasses.replace(fit, **changes["fit"])  # type: ignore[arg-type]
-    schedule = dataclasses.replace(schedule, fit=fit, **changes["schedule"])  # type: ignore[arg-type]
-    return RofuDefaults(hidden, dataclasses.replace(rofu, **changes["rofu"]), schedule)  # type: ignore[arg-type]
+    fit = dataclasses.replace(base.schedule.fit, **changes["fit"])  # type: ignore[arg-type]
+    schedule = dataclasses.replace(base.schedule, fit=fit, **changes["schedule"])  # type: ignore[arg-type]
+    rofu = dataclasses.replace(base.rofu, **changes["rofu"])  # type: ignore[arg-type]
+    return dataclasses.replace(base, rofu=rofu, schedule=schedule, **changes["net"])  # type: ignore[arg-type]
 
 
 def build_policy(

@@ -21,6 +21,7 @@ from scipy import stats
 from replay.simulate import RunResult
 
 REFERENCE = "ROFU"
+NOTES = "NOTES.md"
 
 
 @dataclass(frozen=True)
@@ -191,10 +192,17 @@ def markdown(table: dict[str, dict[str, Cell]], title: str, preamble: str = "") 
 
 
 def write_report(out: Path, title: str, preamble: str = "", rounds: int | None = None) -> Path:
-    """Collect, summarise and write README.md, results.json and regret PNGs into `out`."""
+    """Collect, summarise and write README.md, results.json and regret PNGs into `out`.
+
+    A hand-written `out/NOTES.md` (what the figures say) goes in after the preamble, so
+    rebuilding the report keeps it.
+    """
     results = collect(out, rounds)
     if not results:
         raise FileNotFoundError(f"no runs under {out / 'runs'}")
+    notes = out / NOTES
+    if notes.is_file():
+        preamble = f"{preamble}\n\n{notes.read_text(encoding='utf-8').strip()}"
     table = summarise(results)
     plots = plot_curves(results, out / "plots")
     text = markdown(table, title, preamble)

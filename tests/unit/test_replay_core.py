@@ -145,9 +145,10 @@ def test_report_writes_markdown_json_and_plots(tmp_path):
     for policy, runs in _fake_runs({"ROFU": [1, 2], "Uniform": [5, 6]})["b"].items():
         for run in runs:
             run.save(tmp_path / "runs" / "b" / policy / f"seed{run.seed}-T2.npz")
+    (tmp_path / "NOTES.md").write_text("What it says: ROFU wins.\n")
     readme = write_report(tmp_path, "Test report", "preamble text", rounds=2)
     text = readme.read_text()
-    assert "preamble text" in text
+    assert text.index("preamble text") < text.index("What it says: ROFU wins.") < text.index("##")
     assert "| ROFU | 1.00 |" in text
     assert "| ROFU | 2 x T=2 |" in text  # every cell says how many seeds and rounds it holds
     assert (tmp_path / "plots" / "regret-b.png").stat().st_size > 1000
@@ -189,6 +190,14 @@ def test_rofu_variant_parses_overrides():
         rofu_variant("ROFU@nope=1")
     with pytest.raises(ValueError, match="optimizer"):
         rofu_variant("ROFU@fit_opt=lbfgs")
+    showdown = rofu_variant("ROFU@fit_lr=0.01+learner=showdown")
+    assert (showdown.hidden, showdown.init_scale, showdown.schedule.every) == ((50,), 0.3, 50)
+    assert (showdown.schedule.fit.optimizer, showdown.schedule.fit.lr) == ("rmsprop", 0.01)
+    assert showdown.rofu == ROFU_DEFAULTS.rofu
+    with pytest.raises(ValueError, match="learner must be one of"):
+        rofu_variant("ROFU@learner=keras")
+    with pytest.raises(ValueError, match="bad value 'wide'"):
+        rofu_variant("ROFU@hidden=wide")
 
 
 def test_greedy_matched_variant_takes_the_rofu_overrides():
