@@ -65,6 +65,7 @@ class RofuDefaults:
     )
 
     def net(self, context_dim: int, n_arms: int, seed: int) -> RewardNetConfig:
+        """The network these defaults build for a bandit's shape."""
         return RewardNetConfig(
             context_dim=context_dim,
             n_arms=n_arms,

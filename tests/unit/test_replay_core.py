@@ -202,7 +202,7 @@ def test_rofu_variant_parses_overrides():
 
 def test_greedy_matched_variant_takes_the_rofu_overrides():
     policy = build_policy("Greedy-matched@fit_lr=0.0001+hidden=8", 4, 3, 0, torch.device("cpu"))
-    assert policy.n_arms == 3
+    assert (policy.n_arms, policy.schedule.fit.lr, policy.net.config.hidden) == (3, 1e-4, (8,))
 
 
 def test_rofu_takes_its_per_data_set_overrides_on_mushroom_only():
