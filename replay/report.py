@@ -122,12 +122,18 @@ def plot_curves(results: dict[str, dict[str, list[RunResult]]], folder: Path) ->
     paths = []
     for bandit, by_policy in sorted(results.items()):
         figure, axis = plt.subplots(figsize=(7, 4.5))
-        for policy, runs in sorted(by_policy.items()):
+        for index, (policy, runs) in enumerate(sorted(by_policy.items())):
             curves = np.stack([np.cumsum(r.pseudo_regret) for r in runs])  # (seeds, T)
             mean = curves.mean(axis=0)
             band = curves.std(axis=0, ddof=1) / math.sqrt(len(runs)) if len(runs) > 1 else 0
             steps = np.arange(1, curves.shape[1] + 1)
-            axis.plot(steps, mean, label=policy, linewidth=2.5 if policy == REFERENCE else 1.2)
+            axis.plot(
+                steps,
+                mean,
+                label=policy,
+                linewidth=2.5 if policy == REFERENCE else 1.2,
+                linestyle="-" if index < 10 else "--",  # past the 10-colour cycle
+            )
             axis.fill_between(steps, mean - band, mean + band, alpha=0.15)
         axis.set(
             title=f"{bandit}: cumulative pseudo-regret",
