@@ -182,7 +182,12 @@ POLICIES: dict[str, Builder] = {
 }
 
 
-VARIANT_KEYS = {
+def _widths(value: str) -> tuple[int, ...]:
+    return tuple(int(w) for w in value.split("x"))
+
+
+VARIANT_KEYS: dict[str, tuple[str, str, Callable[[str], object]]] = {
+    "hidden": ("net", "hidden", _widths),
     "eta": ("rofu", "eta", float),
     "base": ("rofu", "baseline", str),
     "step": ("rofu", "step_size", float),
@@ -204,14 +209,13 @@ VARIANT_KEYS = {
 
 
 VARIANT_PREFIXES = ("ROFU@", "Greedy-matched@")
-KNOWN = ", ".join(
-    [*POLICIES, "VW-SquareCB", "VW-EpsilonGreedy", "ROFU@<overrides>", "Greedy-matched@<overrides>"]
-)
+VW_ANCHORS = ("VW-SquareCB", "VW-EpsilonGreedy")
+KNOWN = ", ".join([*POLICIES, *VW_ANCHORS, *(f"{p}<overrides>" for p in VARIANT_PREFIXES)])
 
 
 def check_policy_name(name: str) -> None:
     """Raise ValueError unless `name` is a built-in policy, a VW anchor or a valid variant."""
-    if name in POLICIES or name in ("VW-SquareCB", "VW-EpsilonGreedy"):
+    if name in POLICIES or name in VW_ANCHORS:
         return
     if name.startswith(VARIANT_PREFIXES):
         rofu_variant(name)  # raises on an unknown key or a bad value
@@ -223,8 +227,8 @@ def rofu_variant(spec: str) -> RofuDefaults:
     """ROFU_DEFAULTS with overrides, from a name like `ROFU@eta=0.1+reg=arm_count+hidden=100x100`
     (`Greedy-matched@...` takes the same overrides for its network and schedule).
 
-    Keys: hidden (widths joined by x), learner (`showdown`: the Showdown baselines' network
-    and schedule, which the other keys still override) and those of VARIANT_KEYS.
+    Keys: those of VARIANT_KEYS (hidden: widths joined by x) and learner (`showdown`: the
+    Showdown baselines' network and schedule, which the other keys still override).
     """
     _, _, overrides = spec.partition("@")
     base = ROFU_DEFAULTS
@@ -235,11 +239,6 @@ def rofu_variant(spec: str) -> RofuDefaults:
             if value not in LEARNERS:
                 raise ValueError(f"learner must be one of {sorted(LEARNERS)}, got {value!r}")
             base = LEARNERS[value]
-        elif key == "hidden":
-            try:
-                changes["net"]["hidden"] = tuple(int(w) for w in value.split("x"))
-            except ValueError:
-                raise ValueError(f"bad value {value!r} for ROFU variant key 'hidden'") from None
         elif key in VARIANT_KEYS:
             part, field, cast = VARIANT_KEYS[key]
             try:
@@ -276,7 +275,7 @@ def build_policy(
         return rofu_builder(rofu_variant(name))(context_dim, n_arms, seed, device)
     if name.startswith("Greedy-matched@"):
         return _matched_greedy(rofu_variant(name), context_dim, n_arms, seed, device)
-    if name in ("VW-SquareCB", "VW-EpsilonGreedy"):
+    if name in VW_ANCHORS:
         from replay import vw  # the optional `vw` extra
 
         anchor = vw.VowpalWabbitSquareCB if name == "VW-SquareCB" else vw.VowpalWabbitEpsilonGreedy
