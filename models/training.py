@@ -25,7 +25,7 @@ class FitConfig:
         batch_size: rows per minibatch (sampled with replacement; the whole data when
             smaller).
         optimizer: `sgd`, `adam` or `rmsprop` (with TensorFlow 1's decay 0.9 and epsilon
-            1e-10); a fresh optimizer every call.
+            1e-10); a fresh optimizer every call unless the caller hands `fit` one to continue.
         lr: initial learning rate.
         lr_schedule: `constant`; `inverse_time`, lr / (1 + lr_decay * k) at step k (the
             Showdown's decay, restarted every call); or `cosine` down to 0 over `steps`.
@@ -74,6 +74,7 @@ def fit(
     *,
     arm_features: Tensor | None = None,
     dropout_generator: torch.Generator | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> dict[str, float]:
     """Train `net` in place on `data` by minibatch MSE, starting from its current weights.
 
@@ -84,6 +85,9 @@ def fit(
         generator: draws the minibatch rows; the same seed gives the same theta_t.
         arm_features: (A, F) arm features for an arm-feature network.
         dropout_generator: train with dropout masks from this generator (Dropout policy).
+        optimizer: continue this optimizer (from `make_optimizer(net, config)`), so its
+            moment estimates carry over from earlier calls; None: a fresh one. The
+            learning-rate schedule restarts every call either way.
 
     Returns:
         Metrics: `loss` (mean over the last tenth of updates), `loss_first`, `steps`,
@@ -96,8 +100,13 @@ def fit(
     if int(data.arms.max()) >= net.arm_count(arm_features):
         raise ValueError("data.arms refers to an arm the network cannot score")
     device = next(net.parameters()).device
+    if optimizer is None:
+        optimizer = make_optimizer(net, config)
+    elif {id(p) for g in optimizer.param_groups for p in g["params"]} != {
+        id(p) for p in net.parameters()
+    }:
+        raise ValueError("optimizer must hold exactly the parameters of net")
     data = data.to(device, next(net.parameters()).dtype)
-    optimizer = _optimizer(net, config)
     losses: list[float] = []
     grad_norm = 0.0
     for step in range(config.steps):
@@ -128,7 +137,8 @@ def _rows(n_rows: int, batch_size: int, generator: torch.Generator) -> Tensor:
     return torch.randint(n_rows, (batch_size,), generator=generator)
 
 
-def _optimizer(net: RewardNet, config: FitConfig) -> torch.optim.Optimizer:
+def make_optimizer(net: RewardNet, config: FitConfig) -> torch.optim.Optimizer:
+    """The optimizer `config` names, over `net`'s parameters, with no state yet."""
     params = list(net.parameters())
     if config.optimizer == "sgd":
         return torch.optim.SGD(

@@ -186,6 +186,12 @@ def _widths(value: str) -> tuple[int, ...]:
     return tuple(int(w) for w in value.split("x"))
 
 
+def _flag(value: str) -> bool:
+    if value not in ("0", "1"):
+        raise ValueError(value)
+    return value == "1"
+
+
 VARIANT_KEYS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "hidden": ("net", "hidden", _widths),
     "eta": ("rofu", "eta", float),
@@ -205,6 +211,7 @@ VARIANT_KEYS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "clip": ("fit", "max_grad_norm", float),
     "init": ("net", "init_scale", float),
     "every": ("schedule", "every", int),
+    "persist": ("schedule", "persist", _flag),
 }
 
 

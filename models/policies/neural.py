@@ -19,7 +19,7 @@ from models.policies.base import (
 )
 from models.rofu import RofuConfig, rofu_scores
 from models.scores import Decision, Scores
-from models.training import FitConfig, fit
+from models.training import FitConfig, fit, make_optimizer
 from models.validation import check_choice, check_float, check_float_tensor, check_int
 
 #: The Deep Bayesian Bandits Showdown's `hparams_rms`: RMSprop, lr 0.1 with inverse-time
@@ -45,17 +45,23 @@ class TrainSchedule:
         dense_until: refit after every transition while fewer rows than this are held
             (NeuralUCB's official code trains every round for the first 2000).
         fit: how each refit trains (continuing from the current weights).
+        persist: keep each network's optimizer across refits, so Adam's or RMSprop's
+            moment estimates carry over (the learning-rate schedule still restarts);
+            False: a fresh optimizer every refit.
     """
 
     every: int = 50
     dense_until: int = 0
     fit: FitConfig = field(default_factory=lambda: SHOWDOWN_FIT)
+    persist: bool = False
 
     def __post_init__(self) -> None:
         check_int("every", self.every, low=1)
         check_int("dense_until", self.dense_until, low=0)
         if not isinstance(self.fit, FitConfig):
             raise TypeError(f"fit must be a FitConfig, got {type(self.fit).__name__}")
+        if not isinstance(self.persist, bool):
+            raise TypeError(f"persist must be a bool, got {type(self.persist).__name__}")
 
     def due(self, before: int, after: int) -> bool:
         """Whether growing the data from `before` to `after` rows triggers a refit."""
@@ -105,6 +111,15 @@ class NeuralPolicy:
         self.buffer = DataBuffer(net_config.context_dim, device=device)
         self.generator = torch.Generator().manual_seed(seed)
         self.fit_generator = torch.Generator().manual_seed(seed + 1_000_003)
+        self._optimizers: dict[int, torch.optim.Optimizer] = {}
+
+    def optimizer_for(self, net: RewardNet) -> torch.optim.Optimizer | None:
+        """The optimizer a refit of `net` continues (schedule.persist), else None: fresh."""
+        if not self.schedule.persist:
+            return None
+        if id(net) not in self._optimizers:
+            self._optimizers[id(net)] = make_optimizer(net, self.schedule.fit)
+        return self._optimizers[id(net)]
 
     def _prepare(self, contexts: Tensor, candidates: Tensor | None) -> tuple[Tensor, Tensor]:
         contexts = check_contexts(contexts, self.context_dim)
@@ -133,6 +148,7 @@ class NeuralPolicy:
             self.schedule.fit,
             self.fit_generator,
             arm_features=self.arm_features,
+            optimizer=self.optimizer_for(self.net),
         )
 
 

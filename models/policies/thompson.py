@@ -230,6 +230,7 @@ class Bootstrap(_Thompson):
                     self.schedule.fit,
                     self.fit_generator,
                     arm_features=self.arm_features,
+                    optimizer=self.optimizer_for(member),
                 )
                 losses.append(metrics["loss"])
         return {"loss": sum(losses) / max(len(losses), 1), "rows": float(len(data))}
@@ -273,6 +274,7 @@ class Dropout(_Thompson):
             self.fit_generator,
             arm_features=self.arm_features,
             dropout_generator=self.dropout_generator,
+            optimizer=self.optimizer_for(self.net),
         )
 
 

@@ -525,6 +525,22 @@ def test_policy_refits_exactly_when_due(name):
     assert set(pattern) == {0.0, 1.0}
 
 
+@pytest.mark.parametrize("name", NEURAL)
+def test_persist_keeps_each_networks_optimizer_across_refits(name):
+    policy = BUILDERS[name](0)
+    assert isinstance(policy, NeuralPolicy)
+    assert policy.optimizer_for(policy.net) is None, "a fresh optimizer per refit by default"
+    policy.schedule = TrainSchedule(every=4, fit=FAST_FIT, persist=True)
+    data = logged(16, seed=3)
+    for start in range(0, 16, 4):
+        assert policy.update(data.subset(torch.arange(start, start + 4)))["trained"] == 1.0
+    optimizer = policy.optimizer_for(policy.net)
+    assert optimizer is not None
+    assert optimizer is policy.optimizer_for(policy.net)
+    steps = {float(state["step"]) for state in optimizer.state.values()}
+    assert steps == {4.0 * FAST_FIT.steps}, "Adam's state counts every refit's steps"
+
+
 # --- learning sanity ---------------------------------------------------------------------
 
 
@@ -671,6 +687,7 @@ BAD_HYPERPARAMETERS = [
     ("every", lambda: TrainSchedule(every=0), ValueError),
     ("dense_until", lambda: TrainSchedule(dense_until=-1), ValueError),
     ("fit", lambda: TrainSchedule(fit={"steps": 1}), TypeError),
+    ("persist", lambda: TrainSchedule(persist=1), TypeError),  # type: ignore[arg-type]
     ("arm_features", lambda: RofuPolicy(net_config(), arm_features=FEATURES), ValueError),
     ("arm_features", lambda: Greedy(net_config(features=True)), ValueError),
     (

@@ -198,6 +198,11 @@ def test_rofu_variant_parses_overrides():
         rofu_variant("ROFU@learner=keras")
     with pytest.raises(ValueError, match="bad value 'wide'"):
         rofu_variant("ROFU@hidden=wide")
+    assert rofu_variant("ROFU@persist=1").schedule.persist is True
+    assert rofu_variant("ROFU@persist=0").schedule.persist is False
+    assert ROFU_DEFAULTS.schedule.persist is False
+    with pytest.raises(ValueError, match="bad value 'yes' for ROFU variant key 'persist'"):
+        rofu_variant("ROFU@persist=yes")
 
 
 def test_greedy_matched_variant_takes_the_rofu_overrides():

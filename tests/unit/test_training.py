@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from models import FitConfig, RewardNet, RewardNetConfig, Transitions, fit
+from models.training import make_optimizer
 from tests.factories import arm_features, linear_problem, make_net, make_transitions
 
 
@@ -91,6 +92,35 @@ def test_fit_from_trained_weights_matches_one_longer_run_with_sgd():
     fit(whole, data, longer, torch.Generator().manual_seed(3))
     for name, value in _params(whole).items():
         torch.testing.assert_close(split.state_dict()[name], value, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "rmsprop"])
+def test_fit_continuing_an_optimizer_matches_one_longer_run(optimizer):
+    # With its moment estimates handed on, a stateful optimiser's two calls of k steps are
+    # one run of 2k steps; a fresh optimiser per call is not.
+    data = make_transitions(200, 6, 4, seed=5)
+    config = FitConfig(steps=10, batch_size=16, optimizer=optimizer, lr=0.01)
+    split, fresh, whole = make_net(seed=2), make_net(seed=2), make_net(seed=2)
+    kept = make_optimizer(split, config)
+    generator, fresh_generator = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    for _ in range(2):
+        fit(split, data, config, generator, optimizer=kept)
+        fit(fresh, data, config, fresh_generator)
+    longer = FitConfig(steps=20, batch_size=16, optimizer=optimizer, lr=0.01)
+    fit(whole, data, longer, torch.Generator().manual_seed(3))
+    for name, value in _params(whole).items():
+        torch.testing.assert_close(split.state_dict()[name], value, rtol=1e-6, atol=1e-7)
+    assert not _same(_params(fresh), _params(whole))
+
+
+def test_fit_refuses_an_optimizer_over_another_network():
+    data = make_transitions(50, 6, 4, seed=5)
+    config = FitConfig(steps=2, batch_size=8)
+    net, other = make_net(seed=2), make_net(seed=3)
+    before = _params(net)
+    with pytest.raises(ValueError, match="optimizer must hold exactly the parameters of net"):
+        fit(net, data, config, torch.Generator(), optimizer=make_optimizer(other, config))
+    assert _same(before, _params(net))
 
 
 # --- learning -------------------------------------------------------------------------------
