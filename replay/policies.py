@@ -58,9 +58,14 @@ class RofuDefaults:
     rofu: RofuConfig = dataclasses.field(
         default_factory=lambda: RofuConfig(regulariser="arm_count", baseline="drift")
     )
+    # persist (one Adam kept across refits instead of a fresh one each round), frozen after
+    # results/tuning-persist (Statlog seeds 1000-1001, Financial seed 1000, T = 20 000): mean
+    # regret 184.5 vs 219.5 on Statlog, 183.7 vs 177.9 on Financial; a thin margin.
     schedule: TrainSchedule = dataclasses.field(
         default_factory=lambda: TrainSchedule(
-            every=1, fit=FitConfig(steps=10, batch_size=256, optimizer="adam", lr=1e-3)
+            every=1,
+            fit=FitConfig(steps=10, batch_size=256, optimizer="adam", lr=1e-3),
+            persist=True,
         )
     )
 
@@ -92,7 +97,9 @@ LEARNERS = {
 # steps have size lr whatever the gradient's noise) never lets its network settle there.
 # Frozen after results/tuning-mushroom (seeds 1000-1001, T = 20 000); ROFU and
 # Greedy-matched both take it, so the ablation still isolates exploration.
-ROFU_DATASET_OVERRIDES: dict[str, str] = {"mushroom": "fit_lr=0.0001"}
+# Persist was tuned after Mushroom's setting and not on Mushroom: it keeps the refit it was
+# frozen with (a fresh Adam per refit).
+ROFU_DATASET_OVERRIDES: dict[str, str] = {"mushroom": "fit_lr=0.0001+persist=0"}
 
 
 def showdown_net(context_dim: int, n_arms: int, seed: int) -> RewardNetConfig:

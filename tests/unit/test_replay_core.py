@@ -200,7 +200,7 @@ def test_rofu_variant_parses_overrides():
         rofu_variant("ROFU@hidden=wide")
     assert rofu_variant("ROFU@persist=1").schedule.persist is True
     assert rofu_variant("ROFU@persist=0").schedule.persist is False
-    assert ROFU_DEFAULTS.schedule.persist is False
+    assert ROFU_DEFAULTS.schedule.persist is True
     with pytest.raises(ValueError, match="bad value 'yes' for ROFU variant key 'persist'"):
         rofu_variant("ROFU@persist=yes")
 
@@ -215,7 +215,8 @@ def test_rofu_takes_its_per_data_set_overrides_on_mushroom_only():
     for name in ("ROFU", "Greedy-matched"):
         tuned = build_policy(name, 4, 2, 0, cpu, bandit="mushroom")
         default = build_policy(name, 4, 2, 0, cpu, bandit="statlog")
-        assert tuned.schedule.fit.lr == 1e-4
+        assert (tuned.schedule.fit.lr, tuned.schedule.persist) == (1e-4, False)
+        assert default.schedule.persist is True
         assert default.schedule.fit.lr == ROFU_DEFAULTS.schedule.fit.lr == 1e-3
     assert build_policy("Greedy", 4, 2, 0, cpu, bandit="mushroom").schedule.fit.lr == 0.1
 
