@@ -111,15 +111,20 @@ class NeuralPolicy:
         self.buffer = DataBuffer(net_config.context_dim, device=device)
         self.generator = torch.Generator().manual_seed(seed)
         self.fit_generator = torch.Generator().manual_seed(seed + 1_000_003)
-        self._optimizers: dict[int, torch.optim.Optimizer] = {}
+        self._optimizers: dict[int, tuple[FitConfig, torch.optim.Optimizer]] = {}
 
     def optimizer_for(self, net: RewardNet) -> torch.optim.Optimizer | None:
-        """The optimizer a refit of `net` continues (schedule.persist), else None: fresh."""
+        """The optimizer a refit of `net` continues (schedule.persist), else None: fresh.
+
+        A new one starts whenever the schedule's FitConfig has changed since the last.
+        """
         if not self.schedule.persist:
             return None
-        if id(net) not in self._optimizers:
-            self._optimizers[id(net)] = make_optimizer(net, self.schedule.fit)
-        return self._optimizers[id(net)]
+        kept = self._optimizers.get(id(net))
+        if kept is None or kept[0] != self.schedule.fit:
+            kept = (self.schedule.fit, make_optimizer(net, self.schedule.fit))
+            self._optimizers[id(net)] = kept
+        return kept[1]
 
     def _prepare(self, contexts: Tensor, candidates: Tensor | None) -> tuple[Tensor, Tensor]:
         contexts = check_contexts(contexts, self.context_dim)

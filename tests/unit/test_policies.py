@@ -539,6 +539,8 @@ def test_persist_keeps_each_networks_optimizer_across_refits(name):
     assert optimizer is policy.optimizer_for(policy.net)
     steps = {float(state["step"]) for state in optimizer.state.values()}
     assert steps == {4.0 * FAST_FIT.steps}, "Adam's state counts every refit's steps"
+    policy.schedule = TrainSchedule(every=4, fit=FitConfig(steps=2, optimizer="sgd"), persist=True)
+    assert isinstance(policy.optimizer_for(policy.net), torch.optim.SGD), "a new config restarts"
 
 
 # --- learning sanity ---------------------------------------------------------------------
