@@ -1,5 +1,6 @@
 """`rofu replay`: run a protocol (or parts of it) and write the report; `--http URL`
-plays the streams against a live service instead."""
+plays the streams against a live service instead; `--combine A,B` builds one report at
+`--out` from the reports written in folders A and B (B's cells win where both have one)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,14 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in text.split(",") if name.strip())
 
 
+def _command(argv: list[str] | None) -> str:
+    return "rofu replay " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+
+
+def _folders(text: str) -> tuple[Path, ...]:
+    return tuple(Path(name) for name in _names(text))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The options of `rofu replay`."""
     parser = argparse.ArgumentParser(prog="rofu replay", description=__doc__)
@@ -47,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--report-only", action="store_true", help="only rebuild the report")
     parser.add_argument("--http", metavar="URL", help="play against a live service at URL")
+    parser.add_argument(
+        "--combine",
+        type=_folders,
+        metavar="DIR,DIR",
+        help="run nothing: one report at --out from these reports (later folders win)",
+    )
     parser.add_argument("--no-progress", action="store_true")
     return parser
 
@@ -61,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or protocol.rounds
     if rounds < 1 or args.workers < 1:
         parser.error("--rounds and --workers must be >= 1")
+    if args.combine:
+        return _combine(parser, args, argv)
     out = args.out or Path("results") / args.protocol
     if args.http:
         return _http(args.http, datasets, seeds, rounds, out, args.data_dir)
@@ -81,12 +98,44 @@ def main(argv: list[str] | None = None) -> int:
         )
     from replay.report import write_report
 
-    command = "rofu replay " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    command = _command(argv)
     preamble = (
         f"Protocol `{protocol.name}` as run: T = {rounds} rounds, seeds "
         f"{list(seeds)}; regenerate with `{command}`."
     )
     print(write_report(out, f"Replay report: {protocol.name}", preamble, rounds=rounds))
+    return 0
+
+
+def _combine(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None
+) -> int:
+    from replay.report import combine
+
+    if args.out is None:
+        parser.error("--combine needs --out, the folder of the combined report")
+    if args.out.resolve() in {folder.resolve() for folder in args.combine}:
+        parser.error("--out must be a folder of its own, not one of those combined")
+    command = _command(argv)
+    preamble = (
+        "Combined from the reports in "
+        + ", ".join(f"`{folder}`" for folder in args.combine)
+        + f" (a later folder's cell replaces an earlier one's); regenerate with `{command}`. "
+        "The regret curves are in those folders."
+    )
+    try:
+        print(
+            combine(
+                list(args.combine),
+                args.out,
+                "Replay report: combined",
+                preamble,
+                policies=args.policies,
+                datasets=args.datasets,
+            )
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        parser.error(str(exc))
     return 0
 
 

@@ -5,6 +5,9 @@ arm) after T rounds, mean +- s.e.m. over seeds; also normalised to the best poli
 data set (the ROFU paper's convention) and relative to Uniform = 100 (the Showdown's),
 the mean rank over data sets, and paired Wilcoxon signed-rank tests of every policy
 against ROFU over the same seeds.
+
+`combine` builds one report from the `results.json` of several report folders (the run
+files stay out of git, so this is how cells run at different times meet in one table).
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -38,6 +42,8 @@ class Cell:
     relative_uniform: float = math.nan  # 100 * mean / Uniform's mean
     rank: float = math.nan
     wilcoxon_p: float = math.nan  # paired test against ROFU over common seeds
+    finals: list[float] = field(default_factory=list)  # per seed, in the order of `seeds`
+    source: str = ""  # the report folder a combined report took the cell from
 
 
 def collect(out: Path, rounds: int | None = None) -> dict[str, dict[str, list[RunResult]]]:
@@ -69,37 +75,57 @@ def summarise(results: dict[str, dict[str, list[RunResult]]]) -> dict[str, dict[
     """Cells for every data set and policy, with the cross-policy figures filled in."""
     table: dict[str, dict[str, Cell]] = {}
     for bandit, by_policy in results.items():
-        finals = {p: {r.seed: r.final_pseudo_regret for r in runs} for p, runs in by_policy.items()}
         cells = {}
         for policy, runs in by_policy.items():
+            runs = sorted(runs, key=lambda r: r.seed)
             values = np.array([r.final_pseudo_regret for r in runs])
             cells[policy] = Cell(
                 mean=float(values.mean()),
                 sem=_sem(values),
                 realised_mean=float(np.mean([r.final_regret for r in runs])),
-                seeds=sorted(r.seed for r in runs),
+                seeds=[r.seed for r in runs],
                 rounds=runs[0].rounds,
                 seconds_per_round=float(np.mean([r.seconds / r.rounds for r in runs])),
+                finals=[float(v) for v in values],
             )
-        best = min(c.mean for c in cells.values())
-        uniform = cells.get("Uniform")
-        ranks = stats.rankdata([c.mean for c in cells.values()])
-        for (policy, cell), rank in zip(list(cells.items()), ranks, strict=True):
-            cells[policy] = Cell(
-                **{
-                    **asdict(cell),
-                    "normalised": cell.mean / best if best > 0 else math.nan,
-                    "relative_uniform": 100 * cell.mean / uniform.mean
-                    if uniform and uniform.mean > 0
-                    else math.nan,
-                    "rank": float(rank),
-                    "wilcoxon_p": _wilcoxon(finals[policy], finals[REFERENCE])
-                    if REFERENCE in finals and policy != REFERENCE
-                    else math.nan,
-                }
-            )
-        table[bandit] = cells
+        table[bandit] = compare(cells)
     return table
+
+
+def compare(cells: dict[str, Cell]) -> dict[str, Cell]:
+    """One data set's cells with normalised regret, Uniform = 100, rank and Wilcoxon p."""
+    best = min(c.mean for c in cells.values())
+    uniform = cells.get("Uniform")
+    finals = {
+        p: dict(zip(c.seeds, c.finals, strict=True))
+        for p, c in cells.items()
+        if c.finals and len(c.finals) == len(c.seeds)
+    }  # reports written before per-seed finals were kept have none: no test for them
+    ranks = stats.rankdata([c.mean for c in cells.values()])
+    return {
+        policy: replace(
+            cell,
+            normalised=cell.mean / best if best > 0 else math.nan,
+            relative_uniform=100 * cell.mean / uniform.mean
+            if uniform and uniform.mean > 0
+            else math.nan,
+            rank=float(rank),
+            wilcoxon_p=_wilcoxon(finals[policy], finals[REFERENCE])
+            if REFERENCE in finals and policy in finals and policy != REFERENCE
+            else math.nan,
+        )
+        for (policy, cell), rank in zip(cells.items(), ranks, strict=True)
+    }
+
+
+def mean_normalised(table: dict[str, dict[str, Cell]]) -> dict[str, float]:
+    """Average regret normalised to the best, over the data sets a policy ran on (the
+    paper's "Mean" column; 1 = best everywhere)."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for cells in table.values():
+        for policy, cell in cells.items():
+            values[policy].append(cell.normalised)
+    return {p: float(np.mean(v)) for p, v in values.items()}
 
 
 def mean_ranks(table: dict[str, dict[str, Cell]]) -> dict[str, float]:
@@ -182,18 +208,28 @@ def markdown(table: dict[str, dict[str, Cell]], title: str, preamble: str = "") 
             return f"{1000 * cell.seconds_per_round:.2f}"
         if value == "runs":
             return f"{len(cell.seeds)} x T={cell.rounds}"
+        if value == "source":
+            return f"`{cell.source}`"
         return _fmt(getattr(cell, value), 3 if value == "wilcoxon_p" else 2)
 
     grid("Runs behind each cell: seeds x rounds", "runs")
+    if any(c.source for cells in table.values() for c in cells.values()):
+        grid("Report each cell is taken from", "source")
     grid("Final cumulative pseudo-regret, mean +- s.e.m.", "raw")
     grid("Normalised to the best policy of each data set (paper convention)", "normalised")
     grid("Relative to Uniform = 100 (Showdown convention)", "relative_uniform")
     grid(f"Paired Wilcoxon signed-rank p-value against {REFERENCE}", "wilcoxon_p")
     grid("Wall time per round (ms; select + update, on this machine)", "time")
     lines.extend(
-        ["## Mean rank over data sets (1 = best)", "", "| policy | mean rank |", "|---|---|"]
+        [
+            "## Over the data sets each policy ran on (1 = best)",
+            "",
+            "| policy | mean rank | mean normalised regret |",
+            "|---|---|---|",
+        ]
     )
-    lines.extend(f"| {p} | {r:.2f} |" for p, r in mean_ranks(table).items())
+    normalised = mean_normalised(table)
+    lines.extend(f"| {p} | {r:.2f} | {_fmt(normalised[p])} |" for p, r in mean_ranks(table).items())
     return "\n".join(lines) + "\n"
 
 
@@ -206,20 +242,95 @@ def write_report(out: Path, title: str, preamble: str = "", rounds: int | None =
     results = collect(out, rounds)
     if not results:
         raise FileNotFoundError(f"no runs under {out / 'runs'}")
-    notes = out / NOTES
-    if notes.is_file():
-        preamble = f"{preamble}\n\n{notes.read_text(encoding='utf-8').strip()}"
+    preamble = _with_notes(out, preamble)
     table = summarise(results)
     plots = plot_curves(results, out / "plots")
     text = markdown(table, title, preamble)
     text += (
         "\n## Regret curves\n\n" + "\n".join(f"![{p.stem}](plots/{p.name})" for p in plots) + "\n"
     )
+    return _write(out, title, table, text)
+
+
+def _with_notes(out: Path, preamble: str) -> str:
+    notes = out / NOTES
+    if not notes.is_file():
+        return preamble
+    return f"{preamble}\n\n{notes.read_text(encoding='utf-8').strip()}"
+
+
+def _write(out: Path, title: str, table: dict[str, dict[str, Cell]], text: str) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
     (out / "README.md").write_text(text)
     payload = {b: {p: asdict(c) for p, c in cells.items()} for b, cells in table.items()}
-    document = {"title": title, "mean_rank": mean_ranks(table), "cells": payload}
+    document = {
+        "title": title,
+        "mean_rank": mean_ranks(table),
+        "mean_normalised": mean_normalised(table),
+        "cells": payload,
+    }
     (out / "results.json").write_text(json.dumps(json_safe(document), indent=2))
     return out / "README.md"
+
+
+def load_cells(folder: Path) -> dict[str, dict[str, Cell]]:
+    """The cells of a written report (`folder/results.json`), per-run figures only."""
+    path = folder / "results.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no report at {path}")
+    try:
+        document = json.loads(path.read_text())
+        return {
+            bandit: {policy: _cell(raw) for policy, raw in cells.items()}
+            for bandit, cells in document["cells"].items()
+        }
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{path} is not a replay report: {exc}") from exc
+
+
+_DERIVED = {"normalised", "relative_uniform", "rank", "wilcoxon_p", "source"}
+
+
+def _cell(raw: dict[str, Any]) -> Cell:
+    """A cell's own figures from JSON (null back to NaN); the derived ones are recomputed."""
+    own = {f.name for f in fields(Cell)} - _DERIVED
+    values: dict[str, Any] = {k: math.nan if v is None else v for k, v in raw.items() if k in own}
+    return Cell(**values)
+
+
+def combine(
+    folders: list[Path],
+    out: Path,
+    title: str,
+    preamble: str = "",
+    policies: tuple[str, ...] | None = None,
+    datasets: tuple[str, ...] | None = None,
+) -> Path:
+    """One report from several written reports: a later folder's cell replaces an earlier
+    folder's for the same data set and policy. Writes README.md and results.json into `out`
+    (no curves: the runs stay with their own reports).
+
+    Cells of one data set must share T, or normalising them would compare unlike things.
+    """
+    table: dict[str, dict[str, Cell]] = {}
+    for folder in folders:
+        for bandit, cells in load_cells(folder).items():
+            if datasets is not None and bandit not in datasets:
+                continue
+            for policy, cell in cells.items():
+                if policies is None or policy in policies:
+                    table.setdefault(bandit, {})[policy] = replace(cell, source=str(folder))
+    if not table:
+        raise ValueError("the folders hold no cell for these data sets and policies")
+    for bandit, cells in table.items():
+        rounds = {c.rounds for c in cells.values()}
+        if len(rounds) > 1:
+            raise ValueError(
+                f"{bandit}: cells with different T {sorted(rounds)} cannot be compared"
+            )
+    table = {b: compare(cells) for b, cells in sorted(table.items())}
+    preamble = _with_notes(out, preamble)
+    return _write(out, title, table, markdown(table, title, preamble))
 
 
 def json_safe(value: object) -> object:

@@ -12,7 +12,7 @@ import torch
 from replay.bandits import PoolBandit
 from replay.cli import main, parse_seeds
 from replay.policies import POLICIES, ROFU_DEFAULTS, build_policy, rofu_variant
-from replay.report import collect, json_safe, markdown, summarise, write_report
+from replay.report import collect, combine, json_safe, markdown, summarise, write_report
 from replay.runner import Job, jobs_for, run_jobs
 from replay.simulate import WARM_START, RunResult, simulate
 
@@ -155,8 +155,78 @@ def test_report_writes_markdown_json_and_plots(tmp_path):
     document = json.loads((tmp_path / "results.json").read_text())
     assert document["cells"]["b"]["ROFU"]["wilcoxon_p"] is None
     assert document["mean_rank"] == {"ROFU": 1.0, "Uniform": 2.0}
+    assert document["mean_normalised"] == {"ROFU": 1.0, "Uniform": pytest.approx(11 / 3)}
+    assert "| Uniform | 2.00 | 3.67 |" in text
     assert collect(tmp_path, rounds=99) == {}
     assert "n/a" in markdown(summarise(_fake_runs({"ROFU": [1.0]})), "t")
+
+
+def _written_report(folder, finals: dict[str, list[float]], rounds: int = 2) -> None:
+    for policy, values in finals.items():
+        for seed, value in enumerate(values):
+            per_round = np.zeros(rounds)
+            per_round[0] = value
+            run = RunResult(
+                "b", policy, seed, np.zeros(rounds, np.int64), per_round, per_round, 1.0
+            )
+            run.save(folder / "runs" / "b" / policy / f"seed{seed}-T{rounds}.npz")
+    write_report(folder, "part")
+
+
+def test_combined_report_takes_later_cells_and_recomputes_the_comparisons(tmp_path):
+    old, new, out = tmp_path / "old", tmp_path / "new", tmp_path / "combined"
+    _written_report(old, {"ROFU": [8, 9, 10], "Greedy": [4, 5, 6], "Uniform": [20, 20, 20]})
+    _written_report(new, {"ROFU": [1, 2, 3]})
+    kept = json.loads((old / "results.json").read_text())["cells"]["b"]["Greedy"]
+    assert kept["finals"] == [4.0, 5.0, 6.0]  # per seed, so a later combine can test pairs
+    (out / "NOTES.md").parent.mkdir()
+    (out / "NOTES.md").write_text("Hand-written remarks.\n")
+    text = combine([old, new], out, "Combined", "made from two").read_text()
+    cells = json.loads((out / "results.json").read_text())["cells"]["b"]
+    assert cells["ROFU"]["mean"] == 2.0
+    assert cells["ROFU"]["source"] == str(new)
+    assert cells["Greedy"]["source"] == str(old)
+    assert (cells["ROFU"]["rank"], cells["Greedy"]["rank"], cells["Uniform"]["rank"]) == (1, 2, 3)
+    assert cells["Greedy"]["normalised"] == pytest.approx(2.5)
+    assert cells["Uniform"]["relative_uniform"] == pytest.approx(100.0)
+    assert cells["Greedy"]["wilcoxon_p"] == pytest.approx(0.25)  # 3 pairs, all one way
+    assert "Hand-written remarks." in text
+    assert "made from two" in text
+    assert f"| ROFU | `{new}` |" in text
+    only = combine([old, new], tmp_path / "only", "t", policies=("ROFU", "Uniform"))
+    assert "Greedy" not in only.read_text()
+
+
+def test_combined_report_refuses_unlike_cells_and_missing_reports(tmp_path):
+    _written_report(tmp_path / "short", {"ROFU": [1, 2]}, rounds=2)
+    _written_report(tmp_path / "long", {"Greedy": [1, 2]}, rounds=3)
+    with pytest.raises(ValueError, match="different T"):
+        combine([tmp_path / "short", tmp_path / "long"], tmp_path / "out", "t")
+    with pytest.raises(FileNotFoundError, match="no report"):
+        combine([tmp_path / "nowhere"], tmp_path / "out", "t")
+    with pytest.raises(ValueError, match="no cell"):
+        combine([tmp_path / "short"], tmp_path / "out", "t", datasets=("statlog",))
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "results.json").write_text('{"cells": {"b": {"ROFU": {"mean": 1}}}}')
+    with pytest.raises(ValueError, match="not a replay report"):
+        combine([tmp_path / "bad"], tmp_path / "out", "t")
+    assert not (tmp_path / "out").exists()
+
+
+def test_replay_cli_combine_needs_an_out_folder_of_its_own(tmp_path, capsys):
+    _written_report(tmp_path / "a", {"ROFU": [1, 2]})
+    for argv in (
+        ["--combine", str(tmp_path / "a")],
+        ["--combine", str(tmp_path / "a"), "--out", str(tmp_path / "a")],
+        ["--combine", str(tmp_path / "missing"), "--out", str(tmp_path / "c")],
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+        assert "error:" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
+    assert main(["--combine", str(tmp_path / "a"), "--out", str(tmp_path / "c")]) == 0
+    assert "--combine" in (tmp_path / "c" / "README.md").read_text()
 
 
 def test_json_safe_turns_non_finite_into_null():
