@@ -89,6 +89,9 @@ LEARNERS = {
     "showdown": dataclasses.replace(
         ROFU_DEFAULTS, hidden=(50,), init_scale=0.3, schedule=SHOWDOWN_SCHEDULE
     ),
+    # NeuralUCB's learner here (same network, SGD with weight decay every 20 rounds): ROFU
+    # against NeuralUCB is then exploration alone.
+    "neuralucb": dataclasses.replace(ROFU_DEFAULTS, schedule=NEURALUCB_REPLAY_SCHEDULE),
 }
 
 # The paper tuned ROFU on Statlog and reused it everywhere "except mushroom, because the
@@ -216,6 +219,7 @@ VARIANT_KEYS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "fit_sched": ("fit", "lr_schedule", str),
     "fit_decay": ("fit", "lr_decay", float),
     "clip": ("fit", "max_grad_norm", float),
+    "wd": ("fit", "weight_decay", float),
     "init": ("net", "init_scale", float),
     "every": ("schedule", "every", int),
     "persist": ("schedule", "persist", _flag),
@@ -242,7 +246,8 @@ def rofu_variant(spec: str) -> RofuDefaults:
     (`Greedy-matched@...` takes the same overrides for its network and schedule).
 
     Keys: those of VARIANT_KEYS (hidden: widths joined by x) and learner (`showdown`: the
-    Showdown baselines' network and schedule, which the other keys still override).
+    Showdown baselines' network and schedule; `neuralucb`: NeuralUCB's schedule here; the
+    other keys still override either).
     """
     _, _, overrides = spec.partition("@")
     base = ROFU_DEFAULTS

@@ -264,6 +264,10 @@ def test_rofu_variant_parses_overrides():
     assert (showdown.hidden, showdown.init_scale, showdown.schedule.every) == ((50,), 0.3, 50)
     assert (showdown.schedule.fit.optimizer, showdown.schedule.fit.lr) == ("rmsprop", 0.01)
     assert showdown.rofu == ROFU_DEFAULTS.rofu
+    neural = rofu_variant("ROFU@learner=neuralucb+wd=0.01")
+    assert (neural.schedule.every, neural.schedule.fit.optimizer) == (20, "sgd")
+    assert (neural.schedule.fit.lr, neural.schedule.fit.weight_decay) == (0.01, 0.01)
+    assert neural.net(3, 2, 0) == ROFU_DEFAULTS.net(3, 2, 0)
     with pytest.raises(ValueError, match="learner must be one of"):
         rofu_variant("ROFU@learner=keras")
     with pytest.raises(ValueError, match="bad value 'wide'"):
