@@ -98,12 +98,17 @@ def main(argv: list[str] | None = None) -> int:
         )
     from replay.report import write_report
 
-    command = _command(argv)
+    # Without --report-only: run files stay out of git, and the full command skips the runs
+    # that are there, so it regenerates the report from a clean clone as well.
+    command = _command([a for a in (argv or sys.argv[1:]) if a != "--report-only"])
     preamble = (
         f"Protocol `{protocol.name}` as run: T = {rounds} rounds, seeds "
         f"{list(seeds)}; regenerate with `{command}`."
     )
-    print(write_report(out, f"Replay report: {protocol.name}", preamble, rounds=rounds))
+    try:
+        print(write_report(out, f"Replay report: {protocol.name}", preamble, rounds=rounds))
+    except FileNotFoundError as exc:  # --report-only where nothing has run
+        parser.error(f"{exc} for T = {rounds}")
     return 0
 
 

@@ -227,6 +227,12 @@ def test_replay_cli_combine_needs_an_out_folder_of_its_own(tmp_path, capsys):
     assert not (tmp_path / "c").exists()
     assert main(["--combine", str(tmp_path / "a"), "--out", str(tmp_path / "c")]) == 0
     assert "--combine" in (tmp_path / "c" / "README.md").read_text()
+    with pytest.raises(SystemExit):
+        main(["--report-only", "--out", str(tmp_path / "a")])  # runs are T=2, not 2000
+    assert "no runs under" in capsys.readouterr().err
+    assert main(["--report-only", "--out", str(tmp_path / "a"), "--rounds", "2"]) == 0
+    regenerate = (tmp_path / "a" / "README.md").read_text()
+    assert f"regenerate with `rofu replay --out {tmp_path / 'a'} --rounds 2`" in regenerate
 
 
 def test_json_safe_turns_non_finite_into_null():
