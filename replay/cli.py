@@ -119,6 +119,8 @@ def _combine(
 
     if args.out is None:
         parser.error("--combine needs --out, the folder of the combined report")
+    if args.http or args.report_only:
+        parser.error("--combine runs nothing: it goes with neither --http nor --report-only")
     if args.out.resolve() in {folder.resolve() for folder in args.combine}:
         parser.error("--out must be a folder of its own, not one of those combined")
     command = _command(argv)

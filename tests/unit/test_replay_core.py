@@ -219,6 +219,7 @@ def test_replay_cli_combine_needs_an_out_folder_of_its_own(tmp_path, capsys):
         ["--combine", str(tmp_path / "a")],
         ["--combine", str(tmp_path / "a"), "--out", str(tmp_path / "a")],
         ["--combine", str(tmp_path / "missing"), "--out", str(tmp_path / "c")],
+        ["--combine", str(tmp_path / "a"), "--out", str(tmp_path / "c"), "--report-only"],
     ):
         with pytest.raises(SystemExit) as exc:
             main(argv)
