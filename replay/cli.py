@@ -29,8 +29,8 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in text.split(",") if name.strip())
 
 
-def _command(argv: list[str] | None) -> str:
-    return "rofu replay " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+def _command(argv: list[str]) -> str:
+    return "rofu replay " + " ".join(shlex.quote(a) for a in argv)
 
 
 def _folders(text: str) -> tuple[Path, ...]:
@@ -68,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `rofu replay`."""
+    argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     args = parser.parse_args(argv)
     protocol = PROTOCOLS[args.protocol]
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Without --report-only: run files stay out of git, and the full command skips the runs
     # that are there, so it regenerates the report from a clean clone as well.
-    command = _command([a for a in (argv or sys.argv[1:]) if a != "--report-only"])
+    command = _command([a for a in argv if a != "--report-only"])
     preamble = (
         f"Protocol `{protocol.name}` as run: T = {rounds} rounds, seeds "
         f"{list(seeds)}; regenerate with `{command}`."
@@ -112,9 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _combine(
-    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None
-) -> int:
+def _combine(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]) -> int:
     from replay.report import combine
 
     if args.out is None:

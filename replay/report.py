@@ -118,23 +118,24 @@ def compare(cells: dict[str, Cell]) -> dict[str, Cell]:
     }
 
 
-def mean_normalised(table: dict[str, dict[str, Cell]]) -> dict[str, float]:
-    """Average regret normalised to the best, over the data sets a policy ran on (the
-    paper's "Mean" column; 1 = best everywhere)."""
+def _mean_per_policy(table: dict[str, dict[str, Cell]], figure: str) -> dict[str, float]:
+    """A cell figure averaged per policy over the data sets it ran on."""
     values: dict[str, list[float]] = defaultdict(list)
     for cells in table.values():
         for policy, cell in cells.items():
-            values[policy].append(cell.normalised)
+            values[policy].append(getattr(cell, figure))
     return {p: float(np.mean(v)) for p, v in values.items()}
 
 
+def mean_normalised(table: dict[str, dict[str, Cell]]) -> dict[str, float]:
+    """Average regret normalised to the best, over the data sets a policy ran on (the
+    paper's "Mean" column; 1 = best everywhere)."""
+    return _mean_per_policy(table, "normalised")
+
+
 def mean_ranks(table: dict[str, dict[str, Cell]]) -> dict[str, float]:
-    """Average rank of each policy over the data sets it ran on (1 = best)."""
-    ranks: dict[str, list[float]] = defaultdict(list)
-    for cells in table.values():
-        for policy, cell in cells.items():
-            ranks[policy].append(cell.rank)
-    return {p: float(np.mean(r)) for p, r in sorted(ranks.items(), key=lambda kv: np.mean(kv[1]))}
+    """Average rank of each policy over the data sets it ran on (1 = best), best first."""
+    return dict(sorted(_mean_per_policy(table, "rank").items(), key=lambda kv: kv[1]))
 
 
 def plot_curves(results: dict[str, dict[str, list[RunResult]]], folder: Path) -> list[Path]:
@@ -288,13 +289,14 @@ def load_cells(folder: Path) -> dict[str, dict[str, Cell]]:
         raise ValueError(f"{path} is not a replay report: {exc}") from exc
 
 
-_DERIVED = {"normalised", "relative_uniform", "rank", "wilcoxon_p", "source"}
+# A cell's own figures; the others are recomputed (or, `source`, set) by `combine`.
+_OWN = {f.name for f in fields(Cell)} - {"normalised", "relative_uniform", "rank"}
+_OWN -= {"wilcoxon_p", "source"}
 
 
 def _cell(raw: dict[str, Any]) -> Cell:
-    """A cell's own figures from JSON (null back to NaN); the derived ones are recomputed."""
-    own = {f.name for f in fields(Cell)} - _DERIVED
-    values: dict[str, Any] = {k: math.nan if v is None else v for k, v in raw.items() if k in own}
+    """A cell's own figures from JSON (null back to NaN)."""
+    values: dict[str, Any] = {k: math.nan if v is None else v for k, v in raw.items() if k in _OWN}
     return Cell(**values)
 
 
