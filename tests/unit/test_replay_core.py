@@ -291,14 +291,19 @@ def test_greedy_matched_variant_takes_the_rofu_overrides():
     assert (policy.n_arms, policy.schedule.fit.lr, policy.net.config.hidden) == (3, 1e-4, (8,))
 
 
-def test_rofu_takes_its_per_data_set_overrides_on_mushroom_only():
+def test_rofu_takes_its_per_data_set_overrides_on_mushroom_and_covertype_only():
     cpu = torch.device("cpu")
     for name in ("ROFU", "Greedy-matched"):
         tuned = build_policy(name, 4, 2, 0, cpu, bandit="mushroom")
         default = build_policy(name, 4, 2, 0, cpu, bandit="statlog")
         assert (tuned.schedule.fit.lr, tuned.schedule.persist) == (1e-4, False)
+        assert tuned.schedule.fit.optimizer == "adam"
         assert default.schedule.persist is True
         assert default.schedule.fit.lr == ROFU_DEFAULTS.schedule.fit.lr == 1e-3
+        assert default.schedule.fit == ROFU_DEFAULTS.schedule.fit
+        covertype = build_policy(name, 4, 2, 0, cpu, bandit="covertype").schedule.fit
+        assert (covertype.optimizer, covertype.lr, covertype.weight_decay) == ("sgd", 0.01, 1e-3)
+        assert (covertype.steps, covertype.batch_size) == (10, 256)
     assert build_policy("Greedy", 4, 2, 0, cpu, bandit="mushroom").schedule.fit.lr == 0.1
 
 
