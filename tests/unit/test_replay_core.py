@@ -291,7 +291,7 @@ def test_greedy_matched_variant_takes_the_rofu_overrides():
     assert (policy.n_arms, policy.schedule.fit.lr, policy.net.config.hidden) == (3, 1e-4, (8,))
 
 
-def test_rofu_takes_its_per_data_set_overrides_on_mushroom_and_covertype_only():
+def test_rofu_takes_its_per_data_set_overrides_on_mushroom_covertype_and_adult_only():
     cpu = torch.device("cpu")
     for name in ("ROFU", "Greedy-matched"):
         tuned = build_policy(name, 4, 2, 0, cpu, bandit="mushroom")
@@ -301,9 +301,10 @@ def test_rofu_takes_its_per_data_set_overrides_on_mushroom_and_covertype_only():
         assert default.schedule.persist is True
         assert default.schedule.fit.lr == ROFU_DEFAULTS.schedule.fit.lr == 1e-3
         assert default.schedule.fit == ROFU_DEFAULTS.schedule.fit
-        covertype = build_policy(name, 4, 2, 0, cpu, bandit="covertype").schedule.fit
-        assert (covertype.optimizer, covertype.lr, covertype.weight_decay) == ("sgd", 0.01, 1e-3)
-        assert (covertype.steps, covertype.batch_size) == (10, 256)
+        for bandit in ("covertype", "adult"):
+            sgd = build_policy(name, 4, 2, 0, cpu, bandit=bandit).schedule.fit
+            assert (sgd.optimizer, sgd.lr, sgd.weight_decay) == ("sgd", 0.01, 1e-3)
+            assert (sgd.steps, sgd.batch_size) == (10, 256)
     assert build_policy("Greedy", 4, 2, 0, cpu, bandit="mushroom").schedule.fit.lr == 0.1
 
 
