@@ -290,8 +290,8 @@ def load_cells(folder: Path) -> dict[str, dict[str, Cell]]:
 
 
 # A cell's own figures; the others are recomputed (or, `source`, set) by `combine`.
-_OWN = {f.name for f in fields(Cell)} - {"normalised", "relative_uniform", "rank"}
-_OWN -= {"wilcoxon_p", "source"}
+_DERIVED = {"normalised", "relative_uniform", "rank", "wilcoxon_p", "source"}
+_OWN = {f.name for f in fields(Cell)} - _DERIVED
 
 
 def _cell(raw: dict[str, Any]) -> Cell:
