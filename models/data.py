@@ -46,7 +46,7 @@ class Transitions:
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Transitions:
         """This batch on a device (and floating dtype); itself when already there."""
         target = self.x.dtype if dtype is None else dtype
-        if self.x.device == torch.device(device) and self.x.dtype == target:
+        if _on(self.x, device) and self.x.dtype == target:
             return self
         return Transitions(
             self.x.to(device=device, dtype=dtype),
@@ -212,6 +212,14 @@ class DataBuffer:
         if n_arms is not None and n_arms > counts.numel():
             counts = torch.cat([counts, torch.zeros(n_arms - counts.numel(), dtype=torch.int64)])
         return RegulariserData(self.view(), self.n_total, counts.clone())
+
+
+def _on(tensor: Tensor, device: torch.device | str) -> bool:
+    """Whether `tensor` lives on `device`; a bare `cuda` means the current CUDA device."""
+    target = torch.device(device)
+    if target.type == "cuda" and target.index is None:
+        return tensor.is_cuda and tensor.device.index == torch.cuda.current_device()
+    return tensor.device == target
 
 
 def _resized(tensor: Tensor, rows: int) -> Tensor:

@@ -61,7 +61,7 @@ def _ascend_one(
     """f at theta and after M optimiser steps (without the optimism term unless `push`)."""
     model = copy.deepcopy(net)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.step_size)
-    x_one, arm_one = x[None], torch.tensor([arm])
+    x_one, arm_one = x[None], torch.tensor([arm], device=x.device)
     with torch.no_grad():
         f0 = float(model(x_one, arm_one, arm_features)[0])
     sample = data.sample
