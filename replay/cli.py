@@ -53,7 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=1, help="parallel worker processes")
     parser.add_argument("--out", type=Path, help="results folder (default results/<protocol>)")
     parser.add_argument("--data-dir", type=Path, help="benchmark data (default ROFU_DATA_DIR)")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="cpu",
+        help="where neural policies run (default cpu: one context per round leaves a GPU "
+        "launch-bound, slower than a CPU core; auto: CUDA when present)",
+    )
     parser.add_argument("--report-only", action="store_true", help="only rebuild the report")
     parser.add_argument("--http", metavar="URL", help="play against a live service at URL")
     parser.add_argument(

@@ -109,7 +109,7 @@ def run_jobs(
     *,
     workers: int = 1,
     data_dir: Path | None = None,
-    device: str = "auto",
+    device: str = "cpu",
     progress: bool = True,
 ) -> list[Path]:
     """Run every job whose result file is missing; return every job's result path."""

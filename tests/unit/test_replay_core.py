@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from replay.bandits import PoolBandit
-from replay.cli import main, parse_seeds
+from replay.cli import build_parser, main, parse_seeds
 from replay.policies import POLICIES, ROFU_DEFAULTS, build_policy, rofu_variant
 from replay.report import collect, combine, json_safe, markdown, summarise, write_report
 from replay.runner import Job, jobs_for, run_jobs
@@ -315,6 +315,13 @@ def test_replay_cli_rejects_a_bad_policy_before_running_anything(tmp_path, capsy
         assert exc.value.code == 2
         assert "error:" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_replay_runs_on_the_cpu_unless_told_otherwise():
+    # One context per round leaves a GPU launch-bound: on an H100 ROFU took 62 ms per round
+    # there against 46 ms on one CPU core (benchmarks/RESULTS.md), so `auto` is opt-in.
+    assert build_parser().parse_args([]).device == "cpu"
+    assert build_parser().parse_args(["--device", "auto"]).device == "auto"
 
 
 def test_parse_seeds():
