@@ -217,7 +217,7 @@ class DataBuffer:
 def _on(tensor: Tensor, device: torch.device | str) -> bool:
     """Whether `tensor` lives on `device`; a bare `cuda` means the current CUDA device."""
     target = torch.device(device)
-    if target.type == "cuda" and target.index is None:
+    if str(target) == "cuda":  # no index
         return tensor.is_cuda and tensor.device.index == torch.cuda.current_device()
     return tensor.device == target
 
