@@ -45,13 +45,11 @@ class Transitions:
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Transitions:
         """This batch on a device (and floating dtype); itself when already there."""
-        target = self.x.dtype if dtype is None else dtype
-        if _on(self.x, device) and self.x.dtype == target:
+        x = self.x.to(device=device, dtype=dtype)
+        if x is self.x:  # torch's own rule: a bare `cuda` is the current CUDA device
             return self
         return Transitions(
-            self.x.to(device=device, dtype=dtype),
-            self.arms.to(device=device),
-            self.rewards.to(device=device, dtype=dtype),
+            x, self.arms.to(device=device), self.rewards.to(device=device, dtype=dtype)
         )
 
     @staticmethod
@@ -212,14 +210,6 @@ class DataBuffer:
         if n_arms is not None and n_arms > counts.numel():
             counts = torch.cat([counts, torch.zeros(n_arms - counts.numel(), dtype=torch.int64)])
         return RegulariserData(self.view(), self.n_total, counts.clone())
-
-
-def _on(tensor: Tensor, device: torch.device | str) -> bool:
-    """Whether `tensor` lives on `device`; a bare `cuda` means the current CUDA device."""
-    target = torch.device(device)
-    if str(target) == "cuda":  # no index
-        return tensor.is_cuda and tensor.device.index == torch.cuda.current_device()
-    return tensor.device == target
 
 
 def _resized(tensor: Tensor, rows: int) -> Tensor:
