@@ -30,8 +30,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await runtime.start()
-        try:
+        try:  # a start that fails half-way still stops what it started
+            await runtime.start()
             yield
         finally:
             await runtime.aclose()

@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import redis
 import torch
@@ -29,6 +31,7 @@ from service.trainer import Trainer, TrainerLoop
 
 log = logging.getLogger("rofu.runtime")
 FALLBACK_DEPTH = 10  # older checkpoints tried at start-up when the newest is refused
+T = TypeVar("T")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -77,6 +80,7 @@ class Runtime:
         self.model_state = "starting"
         self._sync_lock = threading.Lock()  # poll, notices, publishes and admin calls
         self._tasks: list[asyncio.Task[None]] = []
+        self._blocking_jobs: set[asyncio.Future[Any]] = set()
         self.metrics.track_checkpoint_age(
             lambda: None if self.holder.current is None else self.holder.current.created_at
         )
@@ -97,6 +101,18 @@ class Runtime:
 
     def _spawn(self, coroutine: object, name: str) -> None:
         self._tasks.append(asyncio.create_task(coroutine, name=name))  # type: ignore[arg-type]
+
+    async def _in_thread(self, function: Callable[[], T]) -> T:
+        """Run a background loop's blocking `function` in a worker thread `aclose` waits for.
+
+        Cancelling a loop does not stop a thread it started: without the wait, a query
+        still running at shutdown would check its connection in to the disposed pool,
+        which leaves it open.
+        """
+        job = asyncio.ensure_future(run_in_threadpool(function))
+        self._blocking_jobs.add(job)
+        job.add_done_callback(self._blocking_jobs.discard)
+        return await asyncio.shield(job)
 
     def _prepare_database(self) -> None:
         current, head = migrate.current_revision(self.engine), migrate.head_revision()
@@ -194,7 +210,7 @@ class Runtime:
 
     async def _on_notice(self, message: str) -> None:
         try:
-            await run_in_threadpool(self.sync)
+            await self._in_thread(self.sync)
         except Exception:  # e.g. the database is down: keep serving, the poll retries
             log.exception("checkpoint sync after notice %r failed", message)
 
@@ -204,7 +220,7 @@ class Runtime:
             await asyncio.sleep(self.settings.checkpoint_poll_seconds)
             await self._on_notice("poll")
             try:
-                await run_in_threadpool(self.catalogue.fresh)
+                await self._in_thread(self.catalogue.fresh)
             except Exception as exc:  # e.g. the database is down: keep the cached catalogue
                 log.warning("arm catalogue refresh failed (%s); retrying at the next poll", exc)
 
@@ -224,6 +240,7 @@ class Runtime:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await asyncio.gather(*self._blocking_jobs, return_exceptions=True)
         if self.trainer_loop is not None:
             await run_in_threadpool(self.trainer_loop.stop)
         await self.batcher.aclose()

@@ -7,8 +7,10 @@ background trainer off and closes reward windows at once).
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,6 +22,7 @@ from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
+from service.app import create_app
 from service.db import repository
 from service.runtime import Runtime
 from service.settings import Settings
@@ -503,3 +506,46 @@ async def test_service_openapi_lists_the_api(service: Service) -> None:
     request = schema["components"]["schemas"]["SelectRequest"]
     assert set(request["properties"]) == {"context", "event_id", "arms", "exclude", "explore"}
     assert request["required"] == ["context"]
+
+
+@pytest.mark.anyio
+async def test_service_shutdown_waits_for_the_poll_loops_database_work(
+    sqlite_settings: Settings,
+) -> None:
+    """A poll caught mid-query at shutdown finishes before the engine is disposed.
+
+    Cancelling the poll task does not stop its worker thread; were `aclose` not to wait,
+    that thread would check its connection in to the disposed pool, where it stays open.
+    """
+    started, finished = anyio.Event(), []
+    settings = sqlite_settings.model_copy(update={"checkpoint_poll_seconds": 0.01})
+    async with app_client(settings) as (_, app):
+        runtime = _runtime(app)
+        refresh = runtime.catalogue.fresh
+        loop = asyncio.get_running_loop()
+
+        def slow_fresh() -> object:
+            loop.call_soon_threadsafe(started.set)
+            time.sleep(0.5)
+            finished.append(refresh())
+            return finished[-1]
+
+        runtime.catalogue.fresh = slow_fresh  # type: ignore[method-assign]
+        await started.wait()
+    assert len(finished) == 1
+
+
+@pytest.mark.anyio
+async def test_service_failed_start_releases_the_database(
+    sqlite_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fail() -> None:
+        raise RuntimeError("no checkpoint can be read")
+
+    app = create_app(sqlite_settings)
+    runtime = _runtime(app)
+    monkeypatch.setattr(runtime, "_load_initial", fail)
+    with pytest.raises(RuntimeError, match="no checkpoint can be read"):
+        async with app.router.lifespan_context(app):
+            pass
+    assert runtime.engine.pool.checkedin() == 0  # disposed: no connection left open
