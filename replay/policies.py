@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from models import FitConfig, RewardNetConfig, RofuConfig
+from models.networks import ACTIVATIONS
 from models.policies import (
     SHOWDOWN_FIT,
     Bootstrap,
@@ -51,6 +52,7 @@ class RofuDefaults:
     """ROFU's network, estimator and training schedule in the replay harness."""
 
     hidden: tuple[int, ...] = (100,)
+    activation: str = "relu"
     init_scale: float = 0.0  # 0: PyTorch's default initialisation
     # Frozen after results/tuning (Statlog, Mushroom, Financial; seeds 1000-1001, T = 2000;
     # disjoint from every reported seed): the authors' arm-count weighting and the drift
@@ -75,6 +77,7 @@ class RofuDefaults:
             context_dim=context_dim,
             n_arms=n_arms,
             hidden=self.hidden,
+            activation=self.activation,
             init_scale=self.init_scale,
             seed=seed,
         )
@@ -206,6 +209,12 @@ def _widths(value: str) -> tuple[int, ...]:
     return tuple(int(w) for w in value.split("x"))
 
 
+def _activation(value: str) -> str:
+    if value not in ACTIVATIONS:
+        raise ValueError(value)
+    return value
+
+
 def _flag(value: str) -> bool:
     if value not in ("0", "1"):
         raise ValueError(value)
@@ -214,6 +223,7 @@ def _flag(value: str) -> bool:
 
 VARIANT_KEYS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "hidden": ("net", "hidden", _widths),
+    "act": ("net", "activation", _activation),
     "eta": ("rofu", "eta", float),
     "base": ("rofu", "baseline", str),
     "step": ("rofu", "step_size", float),

@@ -284,6 +284,11 @@ def test_rofu_variant_parses_overrides():
     assert ROFU_DEFAULTS.schedule.persist is True
     with pytest.raises(ValueError, match="bad value 'yes' for ROFU variant key 'persist'"):
         rofu_variant("ROFU@persist=yes")
+    linear = rofu_variant("ROFU@act=identity")
+    assert linear.net(3, 2, 0).activation == "identity"
+    assert ROFU_DEFAULTS.net(3, 2, 0).activation == "relu"
+    with pytest.raises(ValueError, match="bad value 'swish' for ROFU variant key 'act'"):
+        rofu_variant("ROFU@act=swish")
 
 
 def test_greedy_matched_variant_takes_the_rofu_overrides():
