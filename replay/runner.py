@@ -2,12 +2,17 @@
 
 Each finished job is one file, `<out>/runs/<bandit>/<policy>/seed<seed>-T<rounds>.npz`;
 a rerun skips every job whose file exists, so an interrupted protocol resumes where it
-stopped. Jobs run in `workers` spawned processes (torch threads split between them).
+stopped. Jobs run in `workers` spawned processes (torch threads split between them); a
+failed job stops the protocol without starting the queued ones, and on Linux the workers
+die with the process that started them, even a killed one.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -90,8 +95,15 @@ def run_job(job: Job, out: Path, data_dir: str | None, device: str) -> Path:
     return path
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
 def _init_worker(threads: int) -> None:
     torch.set_num_threads(threads)
+    if sys.platform == "linux":  # die with the parent, even a killed one, not run on orphaned
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
 
 
 def resolve_device(name: str) -> str:
@@ -138,9 +150,13 @@ def run_jobs(
                 initargs=(threads,),
             ) as pool:
                 futures = [pool.submit(run_job, job, out, folder, device) for job in todo]
-                for future in as_completed(futures):
-                    future.result()  # a failed job stops the protocol with its error
-                    bar.update()
+                try:
+                    for future in as_completed(futures):
+                        future.result()  # a failed job stops the protocol with its error
+                        bar.update()
+                except BaseException:  # start no queued job; those running finish and keep
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    raise
     finally:
         bar.close()
     return [job.path(out) for job in jobs]

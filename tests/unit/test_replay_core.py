@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +24,7 @@ from replay.runner import Job, jobs_for, run_jobs
 from replay.simulate import WARM_START, RunResult, simulate
 
 ARMS = 3
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bandit() -> PoolBandit:
@@ -102,6 +110,65 @@ def test_runner_is_resumable_and_parallel(tmp_path, monkeypatch):
     run_jobs(jobs, tmp_path, workers=1, device="cpu", progress=False)  # nothing left to do
     assert [p.stat().st_mtime_ns for p in paths] == stamps
     assert Job("toy", "LinUCB", 1, 30).path(tmp_path) in paths
+
+
+def test_runner_failed_job_starts_no_queued_job(tmp_path):
+    bad = [Job("nope", "Uniform", seed, 50) for seed in (0, 1)]  # fail as they start
+    good = jobs_for(["wheel"], ["Uniform"], range(12), rounds=50)
+    with pytest.raises(ValueError, match="unknown data set 'nope'"):
+        run_jobs([*bad, *good], tmp_path, workers=2, device="cpu", progress=False)
+    ran = sum(job.path(tmp_path).exists() for job in good)
+    assert ran < len(good)  # only those already handed to a worker
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_runner_workers_die_with_a_killed_parent(tmp_path):
+    script = (
+        "from pathlib import Path; from replay.runner import jobs_for, run_jobs; "
+        "run_jobs(jobs_for(['wheel'], ['Greedy'], [0, 1], rounds=10**6), "
+        f"Path({str(tmp_path)!r}), workers=2, progress=False)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+    children = Path(f"/proc/{parent.pid}/task/{parent.pid}/children")
+    busy: set[int] = set()
+    try:
+        deadline = time.monotonic() + 180
+        while len(busy) < 2 and time.monotonic() < deadline:  # both past torch's import
+            assert parent.poll() is None, "run_jobs exited before its workers started"
+            pids = map(int, children.read_text().split())
+            busy = {pid for pid in pids if _cpu_seconds(pid) > 3}
+            time.sleep(0.2)
+        assert len(busy) == 2, "the workers never started their jobs"
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 60
+        while (alive := {pid for pid in busy if _running(pid)}) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not alive, f"workers {sorted(alive)} outlived their killed parent"
+    finally:  # leave nothing running when the test fails
+        parent.kill()
+        for pid in filter(_running, busy):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _stat(pid: int) -> list[str]:
+    """Fields of /proc/<pid>/stat after the command name (state first); [] once gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+    except (FileNotFoundError, IndexError):
+        return []
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = _stat(pid)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") if fields else 0.0
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie has finished)."""
+    fields = _stat(pid)
+    return bool(fields) and fields[0] != "Z"
 
 
 def _fake_runs(finals: dict[str, list[float]]) -> dict[str, dict[str, list[RunResult]]]:
