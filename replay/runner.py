@@ -154,7 +154,7 @@ def run_jobs(
                     for future in as_completed(futures):
                         future.result()  # a failed job stops the protocol with its error
                         bar.update()
-                except BaseException:  # start no queued job; those running finish and keep
+                except BaseException:  # start no queued job; running ones finish, files kept
                     pool.shutdown(wait=True, cancel_futures=True)
                     raise
     finally:
