@@ -110,16 +110,19 @@ LEARNERS = {
 # 5 777 against 7 289 for the default on seed 1000, Adult 13 913 against 16 384 on seed 1000.
 # It is not the default everywhere: on Financial's tuning seeds it cost 1.6x (292.8 vs 183.7,
 # all of it early), on Statlog it was level.
-# Financial takes a linear network (identity activation; the rest of the learner as the
-# default), frozen after results/tuning-financial-act (tuning seeds 1000-1001, T = 20 000):
-# 81.7 and 78.0 against 185.2 and 199.5 for the default and 93.2 and 122.6 for LinUCB. tanh
-# was screened alongside it (172.0 and 118.6). Financial's rewards are linear by construction.
+# Financial and Jester take a linear network (identity activation; the rest of the learner
+# as the default), frozen on tuning seeds 1000-1001 at T = 20 000. Financial
+# (results/tuning-financial-act): 81.7 and 78.0 against 185.2 and 199.5 for the default and
+# 93.2 and 122.6 for LinUCB; tanh, screened alongside, 172.0 and 118.6. Financial's rewards
+# are linear by construction. Jester (results/tuning-jester-act): 62 960 and 63 555 against
+# 72 113 and 67 330 for the default and 62 972 and 63 069 for LinUCB.
 SGD_WITH_WEIGHT_DECAY = "fit_opt=sgd+fit_lr=0.01+wd=0.001"
 ROFU_DATASET_OVERRIDES: dict[str, str] = {
     "mushroom": "fit_lr=0.0001+persist=0",
     "covertype": SGD_WITH_WEIGHT_DECAY,
     "adult": SGD_WITH_WEIGHT_DECAY,
     "financial": "act=identity",
+    "jester": "act=identity",
 }
 
 
@@ -309,7 +312,7 @@ def build_policy(
     """A fresh policy by name (the VW anchors when `vowpalwabbit` is installed).
 
     On a `bandit` listed in ROFU_DATASET_OVERRIDES, `ROFU` and `Greedy-matched` take its
-    overrides (Mushroom, the paper's exception; Covertype, Adult and Financial).
+    overrides (Mushroom, the paper's exception; Covertype, Adult, Financial and Jester).
     """
     if name in ("ROFU", "Greedy-matched") and bandit in ROFU_DATASET_OVERRIDES:
         name = f"{name}@{ROFU_DATASET_OVERRIDES[bandit]}"

@@ -363,7 +363,7 @@ def test_greedy_matched_variant_takes_the_rofu_overrides():
     assert (policy.n_arms, policy.schedule.fit.lr, policy.net.config.hidden) == (3, 1e-4, (8,))
 
 
-def test_rofu_takes_its_per_data_set_overrides_on_four_data_sets_only():
+def test_rofu_takes_its_per_data_set_overrides_on_five_data_sets_only():
     cpu = torch.device("cpu")
     for name in ("ROFU", "Greedy-matched"):
         tuned = build_policy(name, 4, 2, 0, cpu, bandit="mushroom")
@@ -377,10 +377,11 @@ def test_rofu_takes_its_per_data_set_overrides_on_four_data_sets_only():
             sgd = build_policy(name, 4, 2, 0, cpu, bandit=bandit).schedule.fit
             assert (sgd.optimizer, sgd.lr, sgd.weight_decay) == ("sgd", 0.01, 1e-3)
             assert (sgd.steps, sgd.batch_size) == (10, 256)
-        linear = build_policy(name, 4, 2, 0, cpu, bandit="financial")
-        assert linear.net.config.activation == "identity"
+        for bandit in ("financial", "jester"):
+            linear = build_policy(name, 4, 2, 0, cpu, bandit=bandit)
+            assert linear.net.config.activation == "identity"
+            assert linear.schedule == default.schedule
         assert default.net.config.activation == "relu"
-        assert linear.schedule == default.schedule
     assert build_policy("Greedy", 4, 2, 0, cpu, bandit="mushroom").schedule.fit.lr == 0.1
     assert build_policy("Greedy", 4, 2, 0, cpu, bandit="financial").net.config.activation == "relu"
 
