@@ -16,6 +16,7 @@ exploration apart from training.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,6 +39,7 @@ from models.policies import (
     TrainSchedule,
     Uniform,
 )
+from models.validation import check_choice
 
 Builder = Callable[[int, int, int, torch.device], Policy]
 SHOWDOWN_SCHEDULE = TrainSchedule(every=50, fit=SHOWDOWN_FIT)
@@ -217,12 +219,6 @@ def _widths(value: str) -> tuple[int, ...]:
     return tuple(int(w) for w in value.split("x"))
 
 
-def _activation(value: str) -> str:
-    if value not in ACTIVATIONS:
-        raise ValueError(value)
-    return value
-
-
 def _flag(value: str) -> bool:
     if value not in ("0", "1"):
         raise ValueError(value)
@@ -231,7 +227,7 @@ def _flag(value: str) -> bool:
 
 VARIANT_KEYS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "hidden": ("net", "hidden", _widths),
-    "act": ("net", "activation", _activation),
+    "act": ("net", "activation", functools.partial(check_choice, "act", choices=ACTIVATIONS)),
     "eta": ("rofu", "eta", float),
     "base": ("rofu", "baseline", str),
     "step": ("rofu", "step_size", float),
