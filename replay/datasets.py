@@ -7,7 +7,8 @@ Shared departures: every pool bandit draws its rows uniformly *with* replacement
 Showdown shuffles and takes the first T rows, except for Mushroom) and z-scores with the
 statistics of the whole pool (the Showdown: of the T rows it kept); Adult's and Census's
 one-hot columns stay 0/1 (the Showdown z-scores them too; `zscore_all=True` does that).
-Covertype and Census are only partly available; Census is for format and loader tests only.
+Covertype and Census are only partly available; Census runs on its 199 rows, a pool that
+any policy that memorises rows learns outright (its reports say so).
 """
 
 from __future__ import annotations
@@ -139,10 +140,11 @@ def load_census(folder: Path, *, zscore_all: bool = False) -> PoolBandit:
     if zscore_all:
         contexts = zscore(contexts)
     notes = (
-        f"PARTIAL, formats and loader tests only, not for benchmarking: first {len(frame)} rows "
-        f"of USCensus1990; one-hot of the {frame.shape[1] - 2} columns but caseid and dOccup "
-        f"({contexts.shape[1]} dims; Showdown ~389); dOccup -> arms by sorted value, only the "
-        f"{len(classes)} that occur (full data: 9)"
+        f"PARTIAL: first {len(frame)} rows of USCensus1990, a {len(frame)}-row pool whose rows "
+        "repeat within a run, not the Showdown's 2.5M-row Census; one-hot of the "
+        f"{frame.shape[1] - 2} columns but caseid and dOccup ({contexts.shape[1]} dims; "
+        f"Showdown ~389); dOccup -> arms by sorted value, only the {len(classes)} that occur "
+        "(full data: 9)"
     )
     return PoolBandit("census", contexts, class_means(codes, len(classes)), notes=notes)
 

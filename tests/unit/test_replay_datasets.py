@@ -228,7 +228,7 @@ def test_census_is_partial_with_the_classes_that_occur(load: Callable[[str], Ban
     bandit = load("census")
     assert isinstance(bandit, PoolBandit)
     assert "PARTIAL" in bandit.notes
-    assert "not for benchmarking" in bandit.notes
+    assert "a 199-row pool" in bandit.notes
     # dOccup 0..6 and 8 occur; 8 becomes arm 7; the first row has dOccup 3
     np.testing.assert_array_equal(bandit.means.sum(axis=0), [85, 30, 38, 14, 3, 13, 15, 1])
     assert bandit.means[0].argmax() == 3
