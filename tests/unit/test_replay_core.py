@@ -370,7 +370,7 @@ def test_rofu_takes_its_per_data_set_overrides_on_five_data_sets_only():
     for name in ("ROFU", "Greedy-matched"):
         tuned = build_policy(name, 4, 2, 0, cpu, bandit="mushroom")
         default = build_policy(name, 4, 2, 0, cpu, bandit="statlog")
-        assert (tuned.schedule.fit.lr, tuned.schedule.persist) == (1e-4, False)
+        assert (tuned.schedule.fit.lr, tuned.schedule.persist) == (1e-4, True)
         assert tuned.schedule.fit.optimizer == "adam"
         assert default.schedule.persist is True
         assert default.schedule.fit.lr == ROFU_DEFAULTS.schedule.fit.lr == 1e-3
