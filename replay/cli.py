@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--combine",
         type=_folders,
         metavar="DIR,DIR",
-        help="run nothing: one report at --out from these reports (later folders win)",
+        help="run nothing: one report at --out from these reports (a later folder's cell "
+        "wins, or adds its seeds where they are new)",
     )
     parser.add_argument("--no-progress", action="store_true")
     return parser
@@ -132,7 +133,8 @@ def _combine(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: li
     preamble = (
         "Combined from the reports in "
         + ", ".join(f"`{folder}`" for folder in args.combine)
-        + f" (a later folder's cell replaces an earlier one's); regenerate with `{command}`. "
+        + " (a later folder's cell replaces an earlier one's, or merges with it when their "
+        f"seeds are disjoint); regenerate with `{command}`. "
         "The regret curves are in those folders."
     )
     try:

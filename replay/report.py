@@ -180,6 +180,17 @@ def _fmt(value: float, digits: int = 2) -> str:
     return "n/a" if value is None or math.isnan(value) else f"{value:.{digits}f}"
 
 
+def seed_ranges(seeds: list[int]) -> str:
+    """[0, 1, 2, 5, 1000, 1001] -> '0-2, 5, 1000-1001'."""
+    parts: list[list[int]] = []
+    for seed in sorted(seeds):
+        if parts and seed == parts[-1][-1] + 1:
+            parts[-1].append(seed)
+        else:
+            parts.append([seed])
+    return ", ".join(f"{p[0]}-{p[-1]}" if len(p) > 1 else str(p[0]) for p in parts)
+
+
 def markdown(table: dict[str, dict[str, Cell]], title: str, preamble: str = "") -> str:
     """The report as Markdown tables."""
     bandits = sorted(table)
@@ -208,7 +219,7 @@ def markdown(table: dict[str, dict[str, Cell]], title: str, preamble: str = "") 
         if value == "time":
             return f"{1000 * cell.seconds_per_round:.2f}"
         if value == "runs":
-            return f"{len(cell.seeds)} x T={cell.rounds}"
+            return f"{len(cell.seeds)} x T={cell.rounds} (seeds {seed_ranges(cell.seeds)})"
         if value == "source":
             return f"`{cell.source}`"
         return _fmt(getattr(cell, value), 3 if value == "wilcoxon_p" else 2)
@@ -308,9 +319,11 @@ def combine(
     policies: tuple[str, ...] | None = None,
     datasets: tuple[str, ...] | None = None,
 ) -> Path:
-    """One report from several written reports: a later folder's cell replaces an earlier
-    folder's for the same data set and policy. Writes README.md and results.json into `out`
-    (no curves: the runs stay with their own reports).
+    """One report from several written reports. For the same data set and policy a later
+    folder's cell replaces an earlier folder's, unless the two ran disjoint seeds and both
+    kept per-seed finals: then they merge into one cell over all their seeds (more seeds
+    of the same setting, run at different times). Writes README.md and results.json into
+    `out` (no curves: the runs stay with their own reports).
 
     Cells of one data set must share T, or normalising them would compare unlike things.
     """
@@ -321,7 +334,9 @@ def combine(
                 continue
             for policy, cell in cells.items():
                 if policies is None or policy in policies:
-                    table.setdefault(bandit, {})[policy] = replace(cell, source=str(folder))
+                    cell = replace(cell, source=str(folder))
+                    row = table.setdefault(bandit, {})
+                    row[policy] = _merged(row[policy], cell) if policy in row else cell
     if not table:
         raise ValueError("the folders hold no cell for these data sets and policies")
     for bandit, cells in table.items():
@@ -333,6 +348,35 @@ def combine(
     table = {b: compare(cells) for b, cells in sorted(table.items())}
     preamble = _with_notes(out, preamble)
     return _write(out, title, table, markdown(table, title, preamble))
+
+
+def _merged(earlier: Cell, later: Cell) -> Cell:
+    """`later` alone, or both cells as one when their seeds are disjoint and both have finals.
+
+    Exact: the mean, s.e.m. and test come from the per-seed finals; the realised regret and
+    the time per round are means over seeds, so they merge weighted by seed count.
+    """
+    kept = [c for c in (earlier, later) if c.finals and len(c.finals) == len(c.seeds)]
+    if len(kept) < 2 or set(earlier.seeds) & set(later.seeds) or earlier.rounds != later.rounds:
+        return later
+    by_seed = dict(zip(earlier.seeds + later.seeds, earlier.finals + later.finals, strict=True))
+    seeds = sorted(by_seed)
+    finals = np.array([by_seed[s] for s in seeds])
+    counts = np.array([len(earlier.seeds), len(later.seeds)])
+
+    def weighted(figure: str) -> float:
+        return float(np.average([getattr(earlier, figure), getattr(later, figure)], weights=counts))
+
+    return Cell(
+        mean=float(finals.mean()),
+        sem=_sem(finals),
+        realised_mean=weighted("realised_mean"),
+        seeds=seeds,
+        rounds=later.rounds,
+        seconds_per_round=weighted("seconds_per_round"),
+        finals=[float(v) for v in finals],
+        source=f"{earlier.source} + {later.source}",
+    )
 
 
 def json_safe(value: object) -> object:

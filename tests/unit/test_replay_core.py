@@ -19,7 +19,15 @@ import torch
 from replay.bandits import PoolBandit
 from replay.cli import build_parser, main, parse_seeds
 from replay.policies import POLICIES, ROFU_DEFAULTS, build_policy, rofu_variant
-from replay.report import collect, combine, json_safe, markdown, summarise, write_report
+from replay.report import (
+    collect,
+    combine,
+    json_safe,
+    markdown,
+    seed_ranges,
+    summarise,
+    write_report,
+)
 from replay.runner import Job, jobs_for, run_jobs
 from replay.simulate import WARM_START, RunResult, simulate
 
@@ -219,7 +227,7 @@ def test_report_writes_markdown_json_and_plots(tmp_path):
     text = readme.read_text()
     assert text.index("preamble text") < text.index("What it says: ROFU wins.") < text.index("##")
     assert "| ROFU | 1.00 |" in text
-    assert "| ROFU | 2 x T=2 |" in text  # every cell says how many seeds and rounds it holds
+    assert "| ROFU | 2 x T=2 (seeds 0-1) |" in text  # every cell names its seeds and rounds
     assert (tmp_path / "plots" / "regret-b.png").stat().st_size > 1000
     document = json.loads((tmp_path / "results.json").read_text())
     assert document["cells"]["b"]["ROFU"]["wilcoxon_p"] is None
@@ -230,9 +238,11 @@ def test_report_writes_markdown_json_and_plots(tmp_path):
     assert "n/a" in markdown(summarise(_fake_runs({"ROFU": [1.0]})), "t")
 
 
-def _written_report(folder, finals: dict[str, list[float]], rounds: int = 2) -> None:
+def _written_report(
+    folder, finals: dict[str, list[float]], rounds: int = 2, first_seed: int = 0
+) -> None:
     for policy, values in finals.items():
-        for seed, value in enumerate(values):
+        for seed, value in enumerate(values, start=first_seed):
             per_round = np.zeros(rounds)
             per_round[0] = value
             run = RunResult(
@@ -264,6 +274,31 @@ def test_combined_report_takes_later_cells_and_recomputes_the_comparisons(tmp_pa
     assert f"| ROFU | `{new}` |" in text
     only = combine([old, new], tmp_path / "only", "t", policies=("ROFU", "Uniform"))
     assert "Greedy" not in only.read_text()
+
+
+def test_combined_report_merges_disjoint_seeds_and_replaces_overlapping_ones(tmp_path):
+    first, more, redo = tmp_path / "first", tmp_path / "more", tmp_path / "redo"
+    _written_report(first, {"ROFU": [1, 2], "Greedy": [10, 12]})
+    _written_report(more, {"ROFU": [3, 6, 9], "Greedy": [14, 16, 18]}, first_seed=2)
+    _written_report(redo, {"Greedy": [7, 8, 9]})  # seeds 0-2 again: replaces, merges nothing
+    text = combine([first, more], tmp_path / "out", "t").read_text()
+    cells = json.loads((tmp_path / "out" / "results.json").read_text())["cells"]["b"]
+    rofu = cells["ROFU"]
+    assert (rofu["seeds"], rofu["finals"]) == ([0, 1, 2, 3, 4], [1, 2, 3, 6, 9])
+    assert rofu["mean"] == rofu["realised_mean"] == pytest.approx(4.2)  # weighted 2:3
+    assert rofu["sem"] == pytest.approx(np.std([1, 2, 3, 6, 9], ddof=1) / math.sqrt(5))
+    assert rofu["seconds_per_round"] == pytest.approx(0.5)
+    assert rofu["source"] == f"{first} + {more}"
+    assert cells["Greedy"]["wilcoxon_p"] == pytest.approx(0.0625)  # 5 pairs, all one way
+    assert "| ROFU | 5 x T=2 (seeds 0-4) |" in text
+    combine([first, more, redo], tmp_path / "out2", "t")
+    greedy = json.loads((tmp_path / "out2" / "results.json").read_text())["cells"]["b"]["Greedy"]
+    assert (greedy["seeds"], greedy["mean"], greedy["source"]) == ([0, 1, 2], 8.0, str(redo))
+
+
+def test_seed_ranges_name_runs_of_consecutive_seeds():
+    assert seed_ranges([1001, 0, 1, 2, 5, 1000]) == "0-2, 5, 1000-1001"
+    assert seed_ranges([3]) == "3"
 
 
 def test_combined_report_refuses_unlike_cells_and_missing_reports(tmp_path):
