@@ -45,6 +45,11 @@ class Cell:
     finals: list[float] = field(default_factory=list)  # per seed, in the order of `seeds`
     source: str = ""  # the report folder a combined report took the cell from
 
+    @property
+    def has_finals(self) -> bool:
+        """Whether per-seed finals were kept (reports before they were have none)."""
+        return bool(self.finals) and len(self.finals) == len(self.seeds)
+
 
 def collect(out: Path, rounds: int | None = None) -> dict[str, dict[str, list[RunResult]]]:
     """Every saved run under `out/runs`, by bandit then policy (optionally one T only)."""
@@ -97,10 +102,8 @@ def compare(cells: dict[str, Cell]) -> dict[str, Cell]:
     best = min(c.mean for c in cells.values())
     uniform = cells.get("Uniform")
     finals = {
-        p: dict(zip(c.seeds, c.finals, strict=True))
-        for p, c in cells.items()
-        if c.finals and len(c.finals) == len(c.seeds)
-    }  # reports written before per-seed finals were kept have none: no test for them
+        p: dict(zip(c.seeds, c.finals, strict=True)) for p, c in cells.items() if c.has_finals
+    }  # no test for cells without per-seed finals
     ranks = stats.rankdata([c.mean for c in cells.values()])
     return {
         policy: replace(
@@ -356,8 +359,8 @@ def _merged(earlier: Cell, later: Cell) -> Cell:
     Exact: the mean, s.e.m. and test come from the per-seed finals; the realised regret and
     the time per round are means over seeds, so they merge weighted by seed count.
     """
-    kept = [c for c in (earlier, later) if c.finals and len(c.finals) == len(c.seeds)]
-    if len(kept) < 2 or set(earlier.seeds) & set(later.seeds) or earlier.rounds != later.rounds:
+    mergeable = earlier.has_finals and later.has_finals and earlier.rounds == later.rounds
+    if not mergeable or set(earlier.seeds) & set(later.seeds):
         return later
     by_seed = dict(zip(earlier.seeds + later.seeds, earlier.finals + later.finals, strict=True))
     seeds = sorted(by_seed)
