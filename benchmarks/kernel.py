@@ -24,7 +24,7 @@ import torch
 from models import RegulariserData, RewardNet, RewardNetConfig, RofuConfig, Transitions
 from models.policies import NeuralUCB
 from models.rofu import rofu_scores
-from models.rofu_reference import rofu_scores_naive
+from models.rofu_naive import rofu_scores_naive
 
 
 @dataclass(frozen=True)

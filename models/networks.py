@@ -30,6 +30,24 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
+def _gelu_grad(z: Tensor, h: Tensor) -> Tensor:
+    return 0.5 * (1.0 + torch.erf(z * math.sqrt(0.5))) + z * torch.exp(-0.5 * z * z) / math.sqrt(
+        2.0 * math.pi
+    )
+
+
+#: The derivative of each activation, given its input z and its output h = act(z); used
+#: by the hand-written backward passes of the ROFU estimators.
+ACTIVATION_GRADS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "relu": lambda z, h: (z > 0).to(z.dtype),
+    "tanh": lambda z, h: 1.0 - h * h,
+    "gelu": _gelu_grad,
+    "elu": lambda z, h: torch.where(z > 0, torch.ones_like(h), h + 1.0),
+    "sigmoid": lambda z, h: h * (1.0 - h),
+    "identity": lambda z, h: torch.ones_like(z),
+}
+
+
 @dataclass(frozen=True)
 class RewardNetConfig:
     """Constructor arguments of a `RewardNet`; stored in every checkpoint.

@@ -12,104 +12,52 @@ the authors' experiment code). Then
 Step size is in the authors' normalised units: each step descends
 MSE + (l2 / w) |theta|^2 - f / (eta * w) with step kappa_j = step_size * step_decay^j, which
 is exactly ascent on f - eta * R with step kappa_j / (eta * w), but keeps kappa meaningful
-whatever |D| is. All pairs run together with torch.func (functional_call + grad + vmap);
-the first step, where every pair still sits at theta, shares one regulariser gradient.
+whatever |D| is.
+
+Estimators (`RofuConfig.estimator`): `exact` runs the steps on the network, with the
+hand-written batched kernel of `models.rofu_exact` for a `RewardNet` (`kernel="functional"`
+selects the torch.func path of `models.rofu_functional`, the reference it is measured
+against); `ntk` runs them on the network's first-order expansion (`models.rofu_ntk`), from
+an `NtkBasis` that can be prepared once per checkpoint.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
-from torch.func import functional_call, grad, vmap
 
-from models.data import RegulariserData, Transitions
+from models.data import RegulariserData
 from models.networks import RewardNet
-from models.scores import Scores
-from models.validation import (
-    check_choice,
-    check_float,
-    check_float_tensor,
-    check_int,
-    check_mask_tensor,
-    require_tensor,
+from models.rofu_config import (
+    BASELINES,
+    ESTIMATORS,
+    REGULARISERS,
+    RofuConfig,
+    minibatch_indices,
+    regulariser_weights,
 )
+from models.rofu_exact import ExactAscent
+from models.rofu_functional import FunctionalAscent
+from models.rofu_ntk import NtkBasis, features, ntk_gains, prepare_ntk
+from models.scores import Scores
+from models.validation import check_choice, check_float_tensor, check_mask_tensor, require_tensor
+
+__all__ = [
+    "BASELINES",
+    "ESTIMATORS",
+    "REGULARISERS",
+    "NtkBasis",
+    "RofuConfig",
+    "minibatch_indices",
+    "ntk_basis",
+    "regulariser_weights",
+    "rofu_scores",
+]
 
 Params = dict[str, Tensor]
-REGULARISERS = ("dataset", "arm_count")
-BASELINES = ("start", "drift")
-
-
-@dataclass(frozen=True)
-class RofuConfig:
-    """Hyper-parameters of the ROFU estimator.
-
-    Defaults follow the paper's experiments (M = 5, eta = 1, R = |D| MSE, g = sqrt) with
-    the authors' code's SGD step 0.01 and a regulariser minibatch of 256.
-
-    Attributes:
-        steps: M, gradient-ascent steps (0 gives a zero bonus).
-        step_size: kappa, in normalised units (see the module docstring).
-        step_decay: kappa_j = step_size * step_decay ** j.
-        eta: weight of the regulariser.
-        regulariser: `dataset` (w = |D|) or `arm_count` (w = n_a + 1).
-        l2: coefficient of |theta|^2 inside R (1 with eta = 1/2 gives LinUCB, paper Thm 1).
-        minibatch_size: rows of the data sample per step; None uses the whole sample.
-        bonus_scale: multiplies g(w) = sqrt(max(w, 0)) (the authors' `coef`).
-        chunk_size: pairs computed together; bounds memory at roughly
-            chunk_size * minibatch_size * sum(hidden) * 16 bytes.
-        baseline: what the gain g is applied to is measured against. `start` (the paper):
-            f_theta_M(x, a) - f_theta(x, a). `drift`: f_theta_M(x, a) - f_theta~_M(x, a),
-            where theta~ takes the same steps on the same minibatches without the
-            optimism term; this removes the change in f that R's own descent causes when
-            theta_{t-1} does not minimise R exactly (and equals `start` when it does).
-    """
-
-    steps: int = 5
-    step_size: float = 0.01
-    step_decay: float = 1.0
-    eta: float = 1.0
-    regulariser: str = "dataset"
-    l2: float = 0.0
-    minibatch_size: int | None = 256
-    bonus_scale: float = 1.0
-    chunk_size: int = 256
-    baseline: str = "start"
-
-    def __post_init__(self) -> None:
-        check_int("steps", self.steps, low=0)
-        check_float("step_size", self.step_size, low=0.0, low_open=True)
-        check_float("step_decay", self.step_decay, low=0.0, high=1.0, low_open=True)
-        check_float("eta", self.eta, low=0.0, low_open=True)
-        check_choice("regulariser", self.regulariser, REGULARISERS)
-        check_float("l2", self.l2, low=0.0)
-        if self.minibatch_size is not None:
-            check_int("minibatch_size", self.minibatch_size, low=1)
-        check_float("bonus_scale", self.bonus_scale, low=0.0)
-        check_int("chunk_size", self.chunk_size, low=1)
-        check_choice("baseline", self.baseline, BASELINES)
-
-
-def minibatch_indices(n_rows: int, config: RofuConfig, generator: torch.Generator) -> Tensor | None:
-    """Rows of the data sample used at each step: (M, m), or None for the whole sample.
-
-    Every pair of one call sees the same minibatches (common random numbers).
-    """
-    if config.minibatch_size is None or config.minibatch_size >= n_rows:
-        return None
-    return torch.randint(n_rows, (config.steps, config.minibatch_size), generator=generator)
-
-
-def regulariser_weights(data: RegulariserData, arms: Tensor, config: RofuConfig) -> Tensor:
-    """w per pair: |D| for `dataset`, n_a + 1 for `arm_count`. (P,) int64 -> (P,) float64."""
-    if config.regulariser == "dataset":
-        return torch.full(arms.shape, float(data.n_total), dtype=torch.float64)
-    counts = data.arm_counts.to(torch.float64)
-    needed = int(arms.max()) + 1 if arms.numel() else 0
-    if counts.numel() < needed:  # arms added after the data was counted have no pulls
-        counts = torch.cat([counts, counts.new_zeros(needed - counts.numel())])
-    return counts[arms.cpu()] + 1.0
+KERNELS = ("fast", "functional")
 
 
 def rofu_scores(
@@ -122,6 +70,8 @@ def rofu_scores(
     candidates: Tensor | None = None,
     arm_features: Tensor | None = None,
     params: Params | None = None,
+    basis: NtkBasis | None = None,
+    kernel: Literal["fast", "functional"] = "fast",
 ) -> Scores:
     """Score B contexts x A arms with ROFU, all pairs batched.
 
@@ -129,11 +79,15 @@ def rofu_scores(
         net: gives the network's structure (and its parameters unless `params` is given).
         contexts: (B, D) contexts.
         data: the regulariser's data sample with |D| and per-arm counts.
-        config: ROFU hyper-parameters.
-        generator: draws the regulariser minibatches (CPU generator).
+        config: ROFU hyper-parameters (`config.estimator` picks exact or ntk).
+        generator: draws the regulariser minibatches (CPU generator); not used by `ntk`
+            when `basis` is given.
         candidates: (B, A) bool, pairs to score; None scores every arm.
         arm_features: (A, F) arm features, required by arm-feature networks.
         params: parameters theta_{t-1}; defaults to `net`'s own.
+        basis: for `ntk`, the checkpoint's prepared `ntk_basis` (built here when None).
+        kernel: for `exact`, the hand-written kernel (`fast`) or torch.func
+            (`functional`, the reference).
 
     Returns:
         Scores with (B, A) mean and bonus; NaN where `candidates` is False.
@@ -144,142 +98,61 @@ def rofu_scores(
     """
     if torch.is_inference_mode_enabled():
         raise RuntimeError("rofu_scores needs gradients; do not call it under inference_mode")
+    check_choice("kernel", kernel, KERNELS)
     theta = _parameters(net, params)
     device, dtype = next(iter(theta.values())).device, next(iter(theta.values())).dtype
     contexts, arm_features, mask = _validated(net, contexts, data, candidates, arm_features)
-    batch_idx, arms = mask.nonzero(as_tuple=True)  # (P,), (P,)
-    steps = minibatch_indices(len(data.sample), config, generator)
-    weights = regulariser_weights(data, arms, config)  # (P,)
-    sample = data.sample.to(device, dtype)  # no copy when already there
     if arm_features is not None:
         arm_features = arm_features.to(device, dtype)
-    objective = _Objective(net, sample, arm_features, config, steps)
+    batch_idx, arms = mask.nonzero(as_tuple=True)  # (P,), (P,)
+    weights = regulariser_weights(data, arms, config).to(device, dtype)  # (P,)
+    contexts = contexts.to(device, dtype)
+    if config.estimator == "ntk":
+        if basis is None:
+            basis = prepare_ntk(net, theta, data, config, generator, arm_features)
+        query = features(net, theta, contexts, arms.to(device), arm_features, batch_idx.to(device))
+        f0, gain = ntk_gains(basis, query, weights, config)
+        return _scatter(mask, batch_idx, arms, [f0], [_bonus(gain, config)], device, dtype)
+    steps = minibatch_indices(len(data.sample), config, generator)
+    sample = data.sample.to(device, dtype)  # no copy when already there
+    ascent_type = ExactAscent if kernel == "fast" else FunctionalAscent
+    ascent = ascent_type(net, sample, arm_features, config, steps)
     mean, bonus = [], []
     for start in range(0, arms.numel(), config.chunk_size):
         chunk = slice(start, start + config.chunk_size)
-        pair_x = contexts[batch_idx[chunk]].to(device, dtype)  # (P, D)
-        pair_arm = arms[chunk].to(device)  # (P,)
-        f0, gain = objective.ascend(theta, pair_x, pair_arm, weights[chunk].to(device, dtype))
+        pair_x = contexts[batch_idx[chunk].to(device)]  # (P, D)
+        f0, gain = ascent.ascend(theta, pair_x, arms[chunk].to(device), weights[chunk])
         mean.append(f0)
-        bonus.append(config.bonus_scale * gain.clamp(min=0).sqrt())
+        bonus.append(_bonus(gain, config))
     return _scatter(mask, batch_idx, arms, mean, bonus, device, dtype)
 
 
-class _Objective:
-    """The per-pair ascent objective and its batched gradient steps (internal)."""
+def ntk_basis(
+    net: RewardNet,
+    data: RegulariserData,
+    config: RofuConfig,
+    generator: torch.Generator,
+    *,
+    arm_features: Tensor | None = None,
+    params: Params | None = None,
+) -> NtkBasis:
+    """Prepare NTK-ROFU's per-checkpoint work once (see `models.rofu_ntk`).
 
-    def __init__(
-        self,
-        net: RewardNet,
-        sample: Transitions,
-        arm_features: Tensor | None,
-        config: RofuConfig,
-        steps: Tensor | None,
-    ) -> None:
-        self.net, self.arm_features, self.config = net, arm_features, config
-        self.sample, self.steps = sample, steps
-        self.pair_grad = vmap(grad(self._loss), in_dims=(0, 0, 0, 0, 0, None, None, None))
-        self.pair_value = vmap(self._value, in_dims=(0, 0, 0))
-        self.value_grad = vmap(grad(self._value), in_dims=(None, 0, 0))
-        self.mse_grad = grad(self._mse)
-
-    def _predict(self, params: Params, x: Tensor, arms: Tensor) -> Tensor:
-        out: Tensor = functional_call(self.net, params, (x, arms, self.arm_features))
-        return out  # (N,)
-
-    def _value(self, params: Params, x: Tensor, arm: Tensor) -> Tensor:
-        return self._predict(params, x[None], arm[None])[0]  # ()
-
-    def _mse(self, params: Params, dx: Tensor, da: Tensor, dr: Tensor) -> Tensor:
-        return (self._predict(params, dx, da) - dr).square().mean()
-
-    def _loss(
-        self,
-        params: Params,
-        x: Tensor,
-        arm: Tensor,
-        inv_scale: Tensor,
-        l2_scale: Tensor,
-        dx: Tensor,
-        da: Tensor,
-        dr: Tensor,
-    ) -> Tensor:
-        # One forward over [query; minibatch]: a single functional_call per step.
-        pred = self._predict(params, torch.cat([x[None], dx]), torch.cat([arm[None], da]))
-        loss = (pred[1:] - dr).square().mean() - inv_scale * pred[0]  # (m+1,) -> ()
-        if self.config.l2 > 0:
-            loss = loss + l2_scale * sum(p.square().sum() for p in params.values())
-        return loss
-
-    def _rows(self, step: int) -> tuple[Tensor, Tensor, Tensor]:
-        sample = self.sample
-        if self.steps is None:
-            return sample.x, sample.arms, sample.rewards
-        rows = self.steps[step].to(sample.x.device)
-        return sample.x[rows], sample.arms[rows], sample.rewards[rows]
-
-    def ascend(
-        self, theta: Params, x: Tensor, arm: Tensor, weight: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        """Run M steps for P pairs; returns (f at theta, the gain g is applied to), (P,)."""
-        config = self.config
-        f0 = self.pair_value(_expand(theta, x.shape[0]), x, arm)  # (P,)
-        if config.steps == 0:
-            return f0, torch.zeros_like(f0)
-        shared = self.mse_grad(theta, *self._rows(0))  # regulariser gradient at theta
-        value = self.value_grad(theta, x, arm)  # (P, ...) per-pair gradients of f
-        inv_scale = 1.0 / (config.eta * weight)  # (P,)
-        pushed = self._trajectory(theta, shared, value, inv_scale, config.l2 / weight, x, arm)
-        if config.baseline == "start":
-            return f0, self.pair_value(pushed, x, arm) - f0
-        # The same steps (same minibatches) without the optimism term, one trajectory per
-        # distinct regulariser weight: f moves along it only because R's own descent does.
-        weights, group = torch.unique(weight, return_inverse=True)  # (U,), (P,)
-        units = weights.numel()
-        drift = self._trajectory(
-            theta,
-            shared,
-            None,
-            torch.zeros_like(weights),
-            config.l2 / weights,
-            x[:1].expand(units, -1),
-            arm[:1].expand(units),
-        )
-        baseline = self.pair_value({k: v[group] for k, v in drift.items()}, x, arm)  # (P,)
-        return f0, self.pair_value(pushed, x, arm) - baseline
-
-    def _trajectory(
-        self,
-        theta: Params,
-        shared: Params,
-        value: Params | None,
-        inv_scale: Tensor,
-        l2_scale: Tensor,
-        x: Tensor,
-        arm: Tensor,
-    ) -> Params:
-        """M gradient steps from theta for P pairs (no optimism term when `value` is None)."""
-        config = self.config
-        params = {}
-        for name, p in theta.items():
-            step = shared[name] + _col(2 * l2_scale, p) * p  # (P, ...) by broadcasting
-            if value is not None:
-                step = step - _col(inv_scale, p) * value[name]
-            params[name] = p - config.step_size * step
-        for index in range(1, config.steps):
-            kappa = config.step_size * config.step_decay**index
-            grads = self.pair_grad(params, x, arm, inv_scale, l2_scale, *self._rows(index))
-            params = {name: p - kappa * grads[name] for name, p in params.items()}
-        return params
+    The basis is valid for these parameters, this data sample and these arm features;
+    |D| and the arm counts may change afterwards (they enter only the per-pair weights).
+    """
+    theta = _parameters(net, params)
+    device, dtype = next(iter(theta.values())).device, next(iter(theta.values())).dtype
+    dummy = torch.zeros(0, net.config.context_dim, dtype=dtype)
+    _, arm_features, _ = _validated(net, dummy, data, None, arm_features)
+    if arm_features is not None:
+        arm_features = arm_features.to(device, dtype)
+    with torch.no_grad():
+        return prepare_ntk(net, theta, data, config, generator, arm_features)
 
 
-def _col(per_pair: Tensor, like: Tensor) -> Tensor:
-    """(P,) -> (P, 1, ..., 1) broadcastable against a (P, ...) parameter."""
-    return per_pair.view(-1, *([1] * like.dim()))
-
-
-def _expand(theta: Params, pairs: int) -> Params:
-    return {name: p.expand(pairs, *p.shape) for name, p in theta.items()}
+def _bonus(gain: Tensor, config: RofuConfig) -> Tensor:
+    return config.bonus_scale * gain.clamp(min=0).sqrt()
 
 
 def _parameters(net: RewardNet, params: Params | None) -> Params:

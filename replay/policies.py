@@ -238,6 +238,7 @@ VARIANT_KEYS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "scale": ("rofu", "bonus_scale", float),
     "l2": ("rofu", "l2", float),
     "mb": ("rofu", "minibatch_size", int),
+    "est": ("rofu", "estimator", str),
     "fit_steps": ("fit", "steps", int),
     "fit_lr": ("fit", "lr", float),
     "fit_opt": ("fit", "optimizer", str),

@@ -17,7 +17,7 @@ from models.policies.base import (
     epsilon_decision,
     greedy_decision,
 )
-from models.rofu import RofuConfig, rofu_scores
+from models.rofu import NtkBasis, RofuConfig, ntk_basis, rofu_scores
 from models.scores import Decision, Scores
 from models.training import FitConfig, fit, make_optimizer
 from models.validation import check_choice, check_float, check_float_tensor, check_int
@@ -219,7 +219,9 @@ class RofuPolicy(NeuralPolicy):
     """Regularised OFU (Zhou et al. 2021, Alg. 2) on the policy's own data buffer.
 
     Defaults: RofuConfig() (M = 5, eta = 1, R = |D| MSE, g = sqrt) and ROFU_SCHEDULE.
-    With no data yet the bonus is +inf for every arm, so the choice is uniform.
+    With no data yet the bonus is +inf for every arm, so the choice is uniform. With the
+    `ntk` estimator the basis is prepared once per refit (per checkpoint, as the service
+    does), from the rows held then; |D| and the arm counts stay current.
     """
 
     name = "ROFU"
@@ -242,6 +244,12 @@ class RofuPolicy(NeuralPolicy):
             seed=seed,
         )
         self.rofu = rofu or RofuConfig()
+        self._basis: NtkBasis | None = None
+
+    def train(self) -> dict[str, float]:
+        """Refit the network; a prepared NTK basis belongs to the old weights."""
+        self._basis = None
+        return super().train()
 
     def select(self, contexts: Tensor, candidates: Tensor | None = None) -> Decision:
         """Argmax of the ROFU upper confidence bound."""
@@ -252,6 +260,10 @@ class RofuPolicy(NeuralPolicy):
                 Scores(mean, torch.full_like(mean, float("inf"))), mask, self.generator
             )
         data = self.buffer.regulariser_data(self.n_arms)
+        if self.rofu.estimator == "ntk" and self._basis is None:
+            self._basis = ntk_basis(
+                self.net, data, self.rofu, self.generator, arm_features=self.arm_features
+            )
         scores = rofu_scores(
             self.net,
             contexts,
@@ -260,6 +272,7 @@ class RofuPolicy(NeuralPolicy):
             self.generator,
             candidates=mask,
             arm_features=self.arm_features,
+            basis=self._basis,
         )
         return greedy_decision(Scores(scores.mean.cpu(), scores.bonus.cpu()), mask, self.generator)
 

@@ -22,7 +22,7 @@ def test_models_imports_and_scores_with_io_stacks_blocked():
 
         sys.meta_path.insert(0, Block())
         import torch
-        import models, models.policies, models.rofu_reference
+        import models, models.policies, models.rofu_naive
         from models import RegulariserData, RewardNet, RewardNetConfig, RofuConfig, Transitions
         net = RewardNet(RewardNetConfig(context_dim=3, n_arms=2, hidden=(4,)))
         data = Transitions(torch.randn(5, 3), torch.tensor([0, 1, 0, 1, 0]), torch.randn(5))

@@ -10,7 +10,7 @@ import torch
 
 from models import RegulariserData, RofuConfig, Transitions, rofu_scores
 from models.policies import LinUCB
-from models.rofu_reference import rofu_scores_naive
+from models.rofu_naive import rofu_scores_naive
 from tests.factories import arm_features, make_data, make_net, make_transitions
 
 CASES = [

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from models.data import RegulariserData
 from models.networks import RewardNet
-from models.rofu import RofuConfig, minibatch_indices, regulariser_weights
+from models.rofu_config import RofuConfig, minibatch_indices, regulariser_weights
 from models.scores import Scores
 
 

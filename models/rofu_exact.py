@@ -1,0 +1,223 @@
+"""ROFU's exact estimator for a `RewardNet`, with a hand-written batched forward/backward.
+
+The same M gradient steps as `models.rofu_functional` (and the naive loop), without
+torch.func dispatch in the hot loop: per-pair parameters are stacked, (P, O, I) per layer,
+and every layer is one `bmm`/`baddbmm` over the pairs. What does not depend on the pair
+is computed once: step 0's regulariser gradient (every pair still sits at theta) and the
+first layer's product with the minibatch rows is a single broadcast matmul. Parameters
+are updated in place, and pairs run in chunks of `config.chunk_size`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from models.data import Transitions
+from models.networks import ACTIVATION_GRADS, ACTIVATIONS, RewardNet
+from models.rofu_config import RofuConfig
+
+#: Per layer: weight (O, I) or stacked (P, O, I), and bias (O,) / (P, O) or None.
+Layers = list[tuple[Tensor, Tensor | None]]
+Params = dict[str, Tensor]
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """One step's minibatch as network inputs: (m, I0) inputs, (m,) output unit, rewards."""
+
+    inputs: Tensor
+    unit: Tensor
+    rewards: Tensor
+
+
+class ExactAscent:
+    """M steps of ascent for P pairs of one call, on a `RewardNet`'s own structure."""
+
+    def __init__(
+        self,
+        net: RewardNet,
+        sample: Transitions,
+        arm_features: Tensor | None,
+        config: RofuConfig,
+        steps: Tensor | None,
+    ) -> None:
+        self.net, self.arm_features, self.config = net, arm_features, config
+        self.act: Callable[[Tensor], Tensor] = ACTIVATIONS[net.config.activation]
+        self.act_grad = ACTIVATION_GRADS[net.config.activation]
+        self.per_arm = net.config.per_arm_outputs
+        if steps is None:
+            self.rows = [self._step_rows(sample, None)]  # the whole sample at every step
+        else:
+            self.rows = [self._step_rows(sample, rows) for rows in steps]
+
+    def _step_rows(self, sample: Transitions, rows: Tensor | None) -> _Rows:
+        if rows is not None:
+            sample = sample.subset(rows.to(sample.x.device))
+        inputs = self.net.inputs(sample.x, sample.arms, self.arm_features)  # (m, I0)
+        return _Rows(inputs, self._unit(sample.arms), sample.rewards)
+
+    def _unit(self, arms: Tensor) -> Tensor:
+        """The output unit a (context, arm) pair reads: its arm, or the single output."""
+        return arms if self.per_arm else torch.zeros_like(arms)
+
+    def _rows_at(self, step: int) -> _Rows:
+        return self.rows[min(step, len(self.rows) - 1)]
+
+    def ascend(
+        self, theta: Params, x: Tensor, arm: Tensor, weight: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Run M steps for P pairs; returns (f at theta, the gain g is applied to), (P,)."""
+        config = self.config
+        layers = _layers(theta, len(self.net.layers))
+        query = self.net.inputs(x, arm, self.arm_features)  # (P, I0)
+        unit = self._unit(arm)  # (P,)
+        f0 = self.values(layers, query, unit)
+        if config.steps == 0:
+            return f0, torch.zeros_like(f0)
+        inv_scale = 1.0 / (config.eta * weight)  # (P,)
+        pushed = self.trajectory(layers, query, unit, inv_scale, config.l2 / weight)
+        if config.baseline == "start":
+            return f0, self.values(pushed, query, unit) - f0
+        # The same steps without the optimism term, one trajectory per distinct weight.
+        weights, group = torch.unique(weight, return_inverse=True)  # (U,), (P,)
+        units = weights.numel()
+        drift = self.trajectory(
+            layers,
+            query[:1].expand(units, -1),
+            unit[:1].expand(units),
+            torch.zeros_like(weights),
+            config.l2 / weights,
+        )
+        drift_pairs = [(w[group], None if b is None else b[group]) for w, b in drift]
+        return f0, self.values(pushed, query, unit) - self.values(drift_pairs, query, unit)
+
+    def values(self, layers: Layers, query: Tensor, unit: Tensor) -> Tensor:
+        """f of each pair's query under shared (2-d) or per-pair (3-d) weights: (P,)."""
+        h = query[:, None, :]  # (P, 1, I0)
+        last = len(layers) - 1
+        for index, (w, b) in enumerate(layers):
+            h = torch.matmul(h, w.mT)  # (P, 1, O)
+            if b is not None:
+                h = h + (b[:, None, :] if b.dim() == 2 else b)
+            if index < last:
+                h = self.act(h)
+        return h[:, 0, :].gather(1, unit[:, None])[:, 0]  # (P,)
+
+    def trajectory(
+        self, layers: Layers, query: Tensor, unit: Tensor, inv_scale: Tensor, l2_scale: Tensor
+    ) -> Layers:
+        """M steps from theta for P pairs; `inv_scale` 0 drops the optimism term."""
+        config, pairs = self.config, query.shape[0]
+        kappa = config.step_size
+        shared = self.gradients(_stacked(layers, 1), query[:1], unit[:1], query.new_zeros(1), 0)
+        push = self.gradients(_stacked(layers, pairs), query, unit, inv_scale, None)
+        decay = 1.0 - 2.0 * kappa * l2_scale  # (P,)
+        params: Layers = []
+        for (w, b), (sw, sb), (pw, pb) in zip(layers, shared, push, strict=True):
+            new_w = w * _col(decay, 3) - kappa * (sw + pw)  # (P, O, I)
+            new_b = None
+            if b is not None and sb is not None and pb is not None:
+                new_b = b * _col(decay, 2) - kappa * (sb + pb)  # (P, O)
+            params.append((new_w, new_b))
+        for index in range(1, config.steps):
+            kappa = config.step_size * config.step_decay**index
+            grads = self.gradients(params, query, unit, inv_scale, index)
+            decay = 1.0 - 2.0 * kappa * l2_scale
+            for (w, b), (gw, gb) in zip(params, grads, strict=True):
+                w.mul_(_col(decay, 3)).sub_(kappa * gw)
+                if b is not None and gb is not None:
+                    b.mul_(_col(decay, 2)).sub_(kappa * gb)
+        return params
+
+    def gradients(
+        self,
+        layers: Layers,
+        query: Tensor,
+        unit: Tensor,
+        inv_scale: Tensor,
+        step: int | None,
+    ) -> list[tuple[Tensor, Tensor | None]]:
+        """Per-pair gradient of MSE(step's rows) - inv_scale * f(query), weights (P, O, I).
+
+        `step` None leaves the regulariser out (the query's own gradient only).
+        """
+        rows = None if step is None else self._rows_at(step)
+        zs, hs = self._forward(layers, query, rows)
+        pairs = query.shape[0]
+        out = zs[-1]  # (P, 1+m, O_L)
+        index = unit[:, None]  # (P, 1)
+        upstream = (-inv_scale)[:, None]  # (P, 1) d loss / d f(query)
+        if rows is not None and rows.unit.numel():
+            index = torch.cat([index, rows.unit[None].expand(pairs, -1)], dim=1)  # (P, 1+m)
+            pred = out[:, 1:, :].gather(2, index[:, 1:, None])[..., 0]  # (P, m)
+            residual = (2.0 / rows.unit.numel()) * (pred - rows.rewards)  # (P, m)
+            upstream = torch.cat([upstream, residual], dim=1)  # (P, 1+m)
+        delta = torch.zeros_like(out).scatter_(2, index[..., None], upstream[..., None])
+        return self._backward(layers, zs, hs, delta, query, rows)
+
+    def _forward(
+        self, layers: Layers, query: Tensor, rows: _Rows | None
+    ) -> tuple[list[Tensor], list[Tensor]]:
+        """Pre-activations z_l (P, 1+m, O_l) and hidden outputs h_l of [query; rows]."""
+        w, b = layers[0]
+        z = torch.bmm(query[:, None, :], w.mT)  # (P, 1, O)
+        if rows is not None and rows.unit.numel():
+            z = torch.cat([z, torch.matmul(rows.inputs, w.mT)], dim=1)  # (P, 1+m, O)
+        if b is not None:
+            z = z + b[:, None, :]
+        zs, hs = [z], []
+        for w, b in layers[1:]:
+            h = self.act(zs[-1])
+            hs.append(h)
+            zs.append(torch.bmm(h, w.mT) if b is None else torch.baddbmm(b[:, None, :], h, w.mT))
+        return zs, hs
+
+    def _backward(
+        self,
+        layers: Layers,
+        zs: list[Tensor],
+        hs: list[Tensor],
+        delta: Tensor,
+        query: Tensor,
+        rows: _Rows | None,
+    ) -> list[tuple[Tensor, Tensor | None]]:
+        grads: list[tuple[Tensor, Tensor | None]] = []
+        for index in range(len(layers) - 1, 0, -1):
+            w, b = layers[index]
+            h = hs[index - 1]  # (P, 1+m, I)
+            grads.append((torch.bmm(delta.mT, h), None if b is None else delta.sum(dim=1)))
+            delta = self._through_activation(torch.bmm(delta, w), zs[index - 1], h)
+        weight = delta[:, 0, :, None] * query[:, None, :]  # (P, O, I0): the query row
+        if rows is not None and rows.unit.numel():
+            weight = weight + torch.matmul(delta[:, 1:, :].mT, rows.inputs)
+        grads.append((weight, None if layers[0][1] is None else delta.sum(dim=1)))
+        return grads[::-1]
+
+    def _through_activation(self, upstream: Tensor, z: Tensor, h: Tensor) -> Tensor:
+        """upstream * act'(z); ReLU's by the fused kernel its own backward uses."""
+        if self.act is torch.relu:
+            return torch.ops.aten.threshold_backward(upstream, h, 0.0)  # type: ignore[no-any-return]
+        return upstream * self.act_grad(z, h)
+
+
+def _layers(theta: Params, count: int) -> Layers:
+    return [(theta[f"layers.{i}.weight"], theta.get(f"layers.{i}.bias")) for i in range(count)]
+
+
+def _stacked(layers: Layers, pairs: int) -> Layers:
+    """Shared (O, I) layers as (P, O, I) views, or per-pair layers as they are."""
+    if layers[0][0].dim() == 3:
+        return layers
+    return [
+        (w.expand(pairs, *w.shape), None if b is None else b.expand(pairs, *b.shape))
+        for w, b in layers
+    ]
+
+
+def _col(per_pair: Tensor, dims: int) -> Tensor:
+    """(P,) -> (P, 1, ...) with `dims` dimensions in all."""
+    return per_pair.view(-1, *([1] * (dims - 1)))
