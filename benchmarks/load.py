@@ -17,6 +17,13 @@ size (interleaved, medians). Client and server share the machine's cores.
 
     python -m benchmarks.load [--concurrency 1,8,64] [--requests 2000] [--seconds 25]
         [--reward-fraction 0.5] [--database-url postgresql://...] [--json out.json]
+        [--torch-threads N] [--workers N]
+
+`--torch-threads` sets ROFU_TORCH_THREADS for the server (and the in-process timing);
+`--workers` runs `rofu serve --workers N` (N processes, each micro-batching its own
+requests; the mean batch is then not measured, as each process has its own metrics).
+`--json` writes every figure, with `by_concurrency` giving per level `select_per_s`,
+`p50_ms`, `p99_ms` (of /select), `mean_batch` and `errors`.
 
 Sustained mode (production readiness): `--trainer --seconds 300 --requests 100000000
 --concurrency 16 --rounds 1 --reward-fraction 1` keeps /select + /reward traffic up for
@@ -54,6 +61,7 @@ from benchmarks.load_inprocess import audit_rewards, inprocess_seconds, seed_che
 from benchmarks.load_report import (
     BATCH_METRIC,
     Level,
+    by_concurrency,
     format_report,
     histogram_delta,
     json_safe,
@@ -94,6 +102,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--trainer", action="store_true", help="keep the embedded trainer on (window 0 s)")
     add("--seed", type=int, default=0)
     add("--json", dest="json_path", help="also write the figures as JSON here")
+    add("--torch-threads", type=int, help="ROFU_TORCH_THREADS of the server (default: torch's)")
+    add("--workers", type=int, default=1, help="`rofu serve --workers` (default 1)")
     args = parser.parse_args(argv)
     checks = {
         "--requests must be >= --rounds": args.requests < max(args.rounds, 1),
@@ -106,6 +116,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--database-url must be a postgresql:// URL": not (
             args.database_url is None or args.database_url.startswith("postgresql")
         ),
+        "--torch-threads must be >= 1": args.torch_threads is not None and args.torch_threads < 1,
+        "--workers must be >= 1": args.workers < 1,
+        "--trainer runs in the server process: use --workers 1": args.trainer and args.workers > 1,
     }
     for message, failed in checks.items():
         if failed:
@@ -134,6 +147,8 @@ def server_overrides(args: argparse.Namespace, database_url: str) -> dict[str, A
     }
     if args.trainer:  # decisions close at once, so the trainer really runs under load
         overrides["reward_window_seconds"] = 0
+    if args.torch_threads is not None:
+        overrides["torch_threads"] = args.torch_threads
     return overrides
 
 
@@ -146,13 +161,16 @@ def as_environment(overrides: dict[str, object]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def serve(env: dict[str, str], log_path: Path, timeout: float = 120) -> Iterator[str]:
+def serve(
+    env: dict[str, str], log_path: Path, timeout: float = 120, workers: int = 1
+) -> Iterator[str]:
     """`rofu serve` as a real process on loopback, once /readyz says ready; its base URL."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])
     full_env = {**os.environ, **env, "ROFU_HOST": "127.0.0.1", "ROFU_PORT": str(port)}
     command = [sys.executable, "-m", "service.cli", "serve", "--log-level", "warning"]
+    command += ["--workers", str(workers)]
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             command, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT
@@ -235,15 +253,22 @@ async def visit(base_url: str, level: Level, args: argparse.Namespace, rng: rand
     async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=60) as client:
         warm = _Budget(args.warmup, seconds)
         await asyncio.gather(*(_client(client, warm, Level(c), rng, 0.0) for _ in range(c)))
-        before = parse_metrics((await client.get("/metrics")).text)
+        before = await _metrics(client, args.workers)
         budget, start = _Budget(requests, seconds), time.perf_counter()
         tasks = (_client(client, budget, level, rng, args.reward_fraction) for _ in range(c))
         await asyncio.gather(*tasks)
         level.seconds += time.perf_counter() - start
-        after = parse_metrics((await client.get("/metrics")).text)
+        after = await _metrics(client, args.workers)
     batch_sum, batch_count = histogram_delta(before, after, BATCH_METRIC)
     level.batch_sum += batch_sum
     level.batch_count += batch_count
+
+
+async def _metrics(client: httpx.AsyncClient, workers: int) -> dict[str, float]:
+    """The server's metrics; none with several workers (a scrape reaches one of them)."""
+    if workers > 1:
+        return {}
+    return parse_metrics((await client.get("/metrics")).text)
 
 
 async def drive(base_url: str, args: argparse.Namespace) -> list[Level]:
@@ -261,8 +286,11 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     database_url = args.database_url or f"sqlite:///{workdir}/load.sqlite"
     overrides = server_overrides(args, database_url)
     settings = Settings(**overrides)
+    if args.torch_threads is not None:  # the in-process timing runs as the server does
+        torch.set_num_threads(args.torch_threads)
     version, blob = seed_checkpoint(settings, args.n_data, args.seed)
-    with serve(as_environment(overrides), workdir / "service.log") as base_url:
+    env, log_path = as_environment(overrides), workdir / "service.log"
+    with serve(env, log_path, workers=args.workers) as base_url:
         model = httpx.get(f"{base_url}/model", timeout=10).json()
         if model.get("version") != version or model.get("n_data") != args.n_data:
             raise RuntimeError(f"the service serves {model}, not checkpoint v{version}")
@@ -271,6 +299,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     audit = audit_rewards(database_url, {e: v for lv in levels for e, v in lv.acked.items()})
     batches = sorted({1} | {max(1, round(level.mean_batch or 1)) for level in levels})
     inproc = inprocess_seconds(settings, blob, batches, args.repeats)
+    figures = [level_figures(level, inproc) for level in levels]
     return {
         "workload": asdict(Workload()) | {"hidden": list(Workload().hidden)},
         "database": "Postgres" if args.database_url else "fresh SQLite file",
@@ -279,6 +308,8 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "machine": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
         "threads": torch.get_num_threads(),
+        "torch_threads": args.torch_threads,  # the server's ROFU_TORCH_THREADS; None: default
+        "workers": args.workers,
         "torch": torch.__version__,
         "n_data": args.n_data,
         "version": version,
@@ -287,7 +318,9 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "reward_fraction": args.reward_fraction,
         "inproc_seconds": inproc,
         "reward_audit": audit,
-        "levels": [level_figures(level, inproc) for level in levels],
+        "errors": sum(row["errors"] for row in figures),
+        "levels": figures,
+        "by_concurrency": by_concurrency(figures),
     }
 
 

@@ -72,15 +72,18 @@ def level_figures(level: Level, inproc: dict[int, float]) -> dict[str, Any]:
     batch = max(1, round(level.mean_batch or 1))
     done = len(level.select) - level.select_errors
     per_decision = level.seconds / done if done else math.nan  # s of wall time per decision
-    p50 = percentile(level.select, 50)
+    p50, p99 = percentile(level.select, 50), percentile(level.select, 99)
     return {
         "concurrency": level.concurrency,
         "seconds": level.seconds,
         "selects": len(level.select),
         "select_errors": level.select_errors,
+        "errors": level.select_errors + level.reward_errors,
         "select_per_s": done / level.seconds if level.seconds else math.nan,
+        "p50_ms": 1e3 * p50,  # of /select, as the two below
+        "p99_ms": 1e3 * p99,
         "select_p50_ms": 1e3 * p50,
-        "select_p99_ms": 1e3 * percentile(level.select, 99),
+        "select_p99_ms": 1e3 * p99,
         "rewards": len(level.reward),
         "reward_errors": level.reward_errors,
         "reward_p50_ms": 1e3 * percentile(level.reward, 50),
@@ -96,9 +99,18 @@ def level_figures(level: Level, inproc: dict[int, float]) -> dict[str, Any]:
     }
 
 
+SUMMARY_KEYS = ("select_per_s", "p50_ms", "p99_ms", "mean_batch", "errors")
+
+
+def by_concurrency(levels: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The headline figures of each level, keyed by its concurrency (as a string)."""
+    return {str(row["concurrency"]): {key: row[key] for key in SUMMARY_KEYS} for row in levels}
+
+
 def format_report(result: dict[str, Any]) -> str:
     """A plain-text table of `run` output."""
     work, rows = result["workload"], result["levels"]
+    multi = result.get("workers", 1) > 1
     policies: dict[str, int] = {}
     for row in rows:
         for name, count in row["policies"].items():
@@ -106,7 +118,9 @@ def format_report(result: dict[str, Any]) -> str:
     lines = [
         f"rofu load benchmark: `rofu serve` on loopback, {result['database']}, embedded trainer "
         f"{'on' if result['trainer'] else 'off'}; {result['device']} ({result['machine']}, "
-        f"{result['cpus']} CPUs, {result['threads']} torch threads), torch {result['torch']}",
+        f"{result['cpus']} CPUs, {result['threads']} torch threads), torch {result['torch']}; "
+        f"server: {result.get('workers', 1)} worker process(es), torch threads "
+        f"{result.get('torch_threads') or 'default'}",
         f"workload: D={work['context_dim']}, A={work['n_arms']}, MLP {work['context_dim']}-"
         f"{'-'.join(map(str, work['hidden']))}-{work['n_arms']}, M={work['steps']}, minibatch="
         f"{work['minibatch']}, |D|={result['n_data']} synthetic rows, checkpoint "
@@ -114,7 +128,9 @@ def format_report(result: dict[str, Any]) -> str:
         f"per level: up to {result['requests']} /select or {result['seconds']:g} s over "
         f"{result['rounds']} interleaved visits, each after {result['warmup']} warm-up "
         f"/select; /reward after {result['reward_fraction']:.0%} of decisions",
-        f"decisions by policy: {', '.join(f'{k} {v}' for k, v in sorted(policies.items()))}",
+        f"decisions by policy: {', '.join(f'{k} {v}' for k, v in sorted(policies.items()))}; "
+        f"errors (/select and /reward): {sum(r['errors'] for r in rows)}"
+        + ("; mean batch n/a: each worker process has its own metrics" if multi else ""),
         "",
         f"{'conc':>5} {'selects':>7} {'err':>4} {'select/s':>9} {'p50 ms':>8} {'p99 ms':>8}"
         f" | {'rewards':>7} {'err':>4} {'p50 ms':>8} {'p99 ms':>8} | {'mean batch':>10}",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import sys
+from typing import Any
 
 from service.settings import get_settings
 
@@ -14,12 +16,28 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     _logging(args.log_level)
+    if args.workers < 1:
+        print("rofu serve: --workers must be >= 1", file=sys.stderr)
+        return 2
+    if args.workers > 1 and settings.in_process_trainer:
+        print(
+            "rofu serve: --workers > 1 would run one in-process trainer per worker; set "
+            "ROFU_EMBEDDED_TRAINER=false and run one `rofu trainer` (or use ROFU_REDIS_URL)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.workers > 1 and settings.mode == "embedded" and settings.is_sqlite:
+        from service import migrate
+
+        migrate.upgrade(settings.database_url)  # once here, not raced by every worker
     uvicorn.run(
         "service.app:create_app",
         factory=True,
         host=args.host or settings.host,
         port=args.port or settings.port,
+        workers=args.workers,
         log_level=args.log_level,
+        log_config=_uvicorn_logging(args.log_level),
         access_log=args.access_log,
     )
     return 0
@@ -37,11 +55,28 @@ def _migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
 def _logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
     logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def _uvicorn_logging(level: str) -> dict[str, Any]:
+    """uvicorn's logging config plus ours, applied in every worker process too."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["formatters"]["rofu"] = {"format": LOG_FORMAT}
+    config["handlers"]["rofu"] = {
+        "class": "logging.StreamHandler",
+        "formatter": "rofu",
+        "stream": "ext://sys.stderr",
+    }
+    config["root"] = {"handlers": ["rofu"], "level": level.upper()}
+    config["loggers"]["alembic"] = {"level": "WARNING"}
+    return config
 
 
 def _trainer(args: argparse.Namespace) -> int:
@@ -106,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug")
     )
     serve.add_argument("--access-log", action="store_true", help="log every request")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="uvicorn worker processes, each with its own micro-batcher (default 1); more "
+        "than 1 needs the trainer out of process (ROFU_EMBEDDED_TRAINER=false)",
+    )
     migrate = commands.add_parser("migrate", help="migrate the database (ROFU_DATABASE_URL)")
     migrate.add_argument("--revision", default="head", help="upgrade to this revision")
     migrate.add_argument("--downgrade", metavar="REVISION", help="downgrade to this revision")

@@ -21,12 +21,14 @@ from service.catalogue import CatalogueCache
 from service.checkpoint_store import CheckpointStore
 from service.db import repository
 from service.db.engine import make_engine, ping, session_factory
+from service.decision_batch import DecisionBatch, Pending, Result
 from service.metrics import ServiceMetrics
 from service.redis_bus import RedisBus
-from service.scoring import Scorer, SelectJob, SelectOutcome
+from service.scoring import Scorer
 from service.security import KeyRing
 from service.settings import Settings
 from service.snapshot import Snapshot, SnapshotHolder
+from service.threads import apply_torch_threads
 from service.trainer import Trainer, TrainerLoop
 
 log = logging.getLogger("rofu.runtime")
@@ -70,11 +72,13 @@ class Runtime:
             settings.arm_feature_dim,
             settings.seed,
         )
-        self.batcher: MicroBatcher[SelectJob, SelectOutcome | None] = MicroBatcher(
-            scorer,
+        decisions = DecisionBatch(
+            scorer, self.sessions, self.catalogue, on_scored=self.metrics.batch_size.observe
+        )
+        self.batcher: MicroBatcher[Pending, Result] = MicroBatcher(
+            decisions,
             max_size=settings.batch_max_size,
             max_wait_s=settings.batch_max_wait_ms / 1000,
-            on_batch=self.metrics.batch_size.observe,
         )
         self.trainer_loop: TrainerLoop | None = None
         self.model_state = "starting"
@@ -86,12 +90,13 @@ class Runtime:
         )
 
     async def start(self) -> None:
-        """Check the schema, seed the catalogue, load the served checkpoint, start loops."""
+        """Set torch's threads, check the schema, seed arms, load the checkpoint, start loops."""
+        apply_torch_threads(self.settings.torch_threads)
         await run_in_threadpool(self._prepare_database)
         await run_in_threadpool(self._load_initial)
         self.local_bus.subscribe(lambda version, blob: self.sync(hint=(version, blob)))
         settings = self.settings
-        if settings.embedded_trainer and self.redis is None:
+        if settings.in_process_trainer:
             trainer = Trainer(settings, self.sessions, self.store, self.local_bus, self.metrics)
             self.trainer_loop = TrainerLoop(trainer, self.sessions)
             self.trainer_loop.start()

@@ -45,7 +45,7 @@ class SelectOutcome:
 
 
 class Scorer:
-    """The micro-batcher's handler: one ROFU call for every job of a batch."""
+    """One ROFU call for every job of a batch (called by `DecisionBatch`, off the loop)."""
 
     def __init__(
         self,

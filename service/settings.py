@@ -62,6 +62,8 @@ class Settings(BaseSettings):
     activation: Literal["relu", "tanh", "gelu", "elu", "sigmoid", "identity"] = "relu"
     seed: Annotated[int, Field(ge=0)] = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # torch's intra-op threads per process (API and trainer); 0: torch's default.
+    torch_threads: Annotated[int, Field(ge=0, le=1024)] = 0
 
     # ROFU (see models.rofu.RofuConfig).
     steps: Annotated[int, Field(ge=0, le=1000)] = 5
@@ -156,6 +158,11 @@ class Settings(BaseSettings):
     def is_sqlite(self) -> bool:
         """Whether the database is the embedded SQLite file."""
         return self.database_url.startswith("sqlite")
+
+    @property
+    def in_process_trainer(self) -> bool:
+        """Whether each API process runs its own trainer (embedded, no Redis bus)."""
+        return self.embedded_trainer and self.redis_url is None
 
     def net_config(self) -> RewardNetConfig:
         """The reward network every replica and the trainer build."""

@@ -23,6 +23,7 @@ from service.db.engine import make_engine, ping, session_factory
 from service.metrics import ServiceMetrics
 from service.redis_bus import RedisBus
 from service.settings import Settings
+from service.threads import apply_torch_threads
 from service.trainer import Trainer, TrainerLoop
 
 log = logging.getLogger("rofu.worker")
@@ -68,6 +69,7 @@ def _bus(settings: Settings) -> CheckpointBus:
 
 def run_trainer(settings: Settings, *, once: bool = False) -> int:
     """Run the trainer until stopped (or one run with `once`)."""
+    apply_torch_threads(settings.torch_threads)
     engine = _database(settings)
     sessions = session_factory(engine)
     metrics = ServiceMetrics()

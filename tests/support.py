@@ -16,6 +16,7 @@ import httpx
 import psycopg
 import pytest
 from fastapi import FastAPI
+from sqlalchemy import Engine, event
 
 from service.app import create_app
 from service.settings import Settings
@@ -67,6 +68,37 @@ async def app_client(settings: Settings) -> AsyncIterator[tuple[httpx.AsyncClien
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://rofu.test") as client:
             yield client, app
+
+
+class Transactions:
+    """The SQL statements of each committed or rolled-back transaction on an engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.done: list[tuple[str, list[str]]] = []
+        self._open: list[str] = []
+        event.listen(engine, "before_cursor_execute", self._statement)
+        event.listen(engine, "commit", lambda _: self._end("commit"))
+        event.listen(engine, "rollback", lambda _: self._end("rollback"))
+
+    def _statement(self, _conn: object, _cursor: object, statement: str, *_: object) -> None:
+        self._open.append(statement)
+
+    def _end(self, how: str) -> None:
+        self.done.append((how, self._open))
+        self._open = []
+
+    @property
+    def commits(self) -> int:
+        """Committed transactions."""
+        return sum(how == "commit" for how, _ in self.done)
+
+    def decision_writes(self) -> list[str]:
+        """How each transaction that inserted decisions ended (commit or rollback)."""
+        return [
+            how
+            for how, statements in self.done
+            if any(s.lstrip().upper().startswith("INSERT INTO DECISIONS") for s in statements)
+        ]
 
 
 def wait_until_ready(base_url: str, process: subprocess.Popen[bytes], timeout: float = 90) -> None:

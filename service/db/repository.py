@@ -3,7 +3,7 @@ completely or changes nothing; database outages surface as `Unavailable`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -42,6 +42,26 @@ def _transaction(sessions: SessionFactory, work: Callable[[Session], T]) -> T:
 def find_decision(sessions: SessionFactory, event_id: str) -> DecisionRow | None:
     """The stored decision of an event, if any."""
     return _transaction(sessions, lambda s: s.get(DecisionRow, event_id))
+
+
+def find_decisions(sessions: SessionFactory, event_ids: Collection[str]) -> dict[str, DecisionRow]:
+    """The stored decisions of these events (one query), by event id."""
+
+    def work(session: Session) -> dict[str, DecisionRow]:
+        query = select(DecisionRow).where(DecisionRow.event_id.in_(list(event_ids)))
+        return {row.event_id: row for row in session.scalars(query)}
+
+    return _transaction(sessions, work)
+
+
+def insert_decisions(sessions: SessionFactory, rows: Sequence[DecisionRow]) -> None:
+    """Insert decisions with distinct event ids in one transaction: all of them or none.
+
+    Raises:
+        IntegrityError: an event id is already stored; nothing was inserted.
+        Unavailable: the database is down.
+    """
+    _transaction(sessions, lambda s: s.add_all(rows))
 
 
 def save_decision(sessions: SessionFactory, row: DecisionRow) -> tuple[DecisionRow, bool]:

@@ -7,8 +7,9 @@ import asyncio
 import psycopg
 import pytest
 
+from service.db import repository
 from service.settings import Settings
-from tests.support import app_client
+from tests.support import Transactions, app_client
 
 
 def _settings(url: str) -> Settings:
@@ -83,3 +84,48 @@ async def test_api_conflicting_concurrent_rewards_keep_one_value(pg_clean):
     assert sorted(r.status_code for r in responses) == [200] + [409] * 7
     stored = _rows(pg_clean, "select value from rewards where event_id = 'pg-race'")
     assert stored == [(accepted[0].json()["value"],)]
+
+
+def _batched(url: str, size: int) -> Settings:
+    """Settings whose batches flush only when `size` requests wait (no background queries)."""
+    return _settings(url).model_copy(
+        update={
+            "batch_max_size": size,
+            "batch_max_wait_ms": 1000.0,
+            "checkpoint_poll_seconds": 600,
+            "arm_refresh_seconds": 600,
+        }
+    )
+
+
+@pytest.mark.anyio
+async def test_api_one_batch_of_selects_is_one_transaction(pg_clean):
+    bodies = [{"context": [float(i), 0.0, 0.0]} for i in range(6)]
+    bodies += [{"context": [0.5, 0.5, 0.5], "event_id": "pg-twice"}] * 2
+    async with app_client(_batched(pg_clean, len(bodies))) as (client, app):
+        tx = Transactions(app.state.runtime.engine)
+        responses = await asyncio.gather(*(client.post("/select", json=b) for b in bodies))
+    assert [r.status_code for r in responses] == [200] * 8
+    assert responses[6].json() == responses[7].json()
+    assert tx.decision_writes() == ["commit"]
+    assert tx.commits == 2  # the key lookup, then every decision of the batch
+    assert _rows(pg_clean, "select count(*) from decisions") == [(7,)]
+
+
+@pytest.mark.anyio
+async def test_api_batch_settles_keys_stored_by_another_replica(pg_clean, monkeypatch):
+    body = {"context": [1.0, 2.0, 3.0], "event_id": "pg-raced"}
+    async with app_client(_batched(pg_clean, 4)) as (client, app):
+        first = await asyncio.gather(*(client.post("/select", json=body) for _ in range(4)))
+        # The lookup misses, as when another replica stores the key after it ran.
+        monkeypatch.setattr(repository, "find_decisions", lambda *_: {})
+        tx = Transactions(app.state.runtime.engine)
+        bodies = [body, {**body, "context": [0.0, 0.0, 0.0]}]
+        bodies += [{"context": [float(i), 1.0, 1.0]} for i in range(2)]
+        responses = await asyncio.gather(*(client.post("/select", json=b) for b in bodies))
+    assert {r.json()["event_id"] for r in first} == {"pg-raced"}
+    assert [r.status_code for r in responses] == [200, 409, 200, 200]
+    assert responses[0].json() == first[0].json()
+    # the batch insert fails on the key; then row by row: the key's row loses, two commit
+    assert tx.decision_writes() == ["rollback", "rollback", "commit", "commit"]
+    assert _rows(pg_clean, "select count(*) from decisions") == [(3,)]

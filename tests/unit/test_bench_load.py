@@ -72,12 +72,16 @@ def test_parse_args_defaults_and_validation(capsys: pytest.CaptureFixture[str]) 
     assert args.concurrency == (1, 8, 64)
     assert args.n_data == 20_000
     assert 0 <= args.reward_fraction <= 1
+    assert (args.workers, args.torch_threads) == (1, None)
     for bad in (
         ["--reward-fraction", "1.5"],
         ["--seconds", "0"],
         ["--n-data", "100"],
         ["--rounds", "0"],
         ["--requests", "2", "--rounds", "3"],
+        ["--workers", "0"],
+        ["--torch-threads", "0"],
+        ["--trainer", "--workers", "2"],
         ["--database-url", "sqlite:///x.db"],
     ):
         with pytest.raises(SystemExit):
@@ -92,10 +96,79 @@ def test_server_settings_are_the_reference_workload() -> None:
     assert env["ROFU_HIDDEN"] == "[100, 100]"
     assert env["ROFU_EMBEDDED_TRAINER"] == "false"
     assert [arm["id"] for arm in json.loads(env["ROFU_ARMS"])] == [f"arm-{i}" for i in range(10)]
+    assert "ROFU_TORCH_THREADS" not in env  # torch's default unless asked
     settings = Settings(**overrides)
     net = settings.net_config()
     assert (net.context_dim, net.n_arms, net.hidden) == (64, 10, (100, 100))
     assert (settings.rofu_config().steps, settings.rofu_config().minibatch_size) == (5, 256)
+    assert settings.torch_threads == 0
+
+
+def test_server_settings_pass_torch_threads_and_workers() -> None:
+    args = load.parse_args(["--torch-threads", "1", "--workers", "2"])
+    overrides = load.server_overrides(args, "sqlite:///bench.sqlite")
+    assert load.as_environment(overrides)["ROFU_TORCH_THREADS"] == "1"
+    assert Settings(**overrides).torch_threads == 1
+    assert not Settings(**overrides).in_process_trainer  # so `rofu serve --workers 2` may run
+    assert args.workers == 2
+
+
+def _level() -> load_report.Level:
+    level = load_report.Level(concurrency=8, seconds=2.0)
+    level.select = [0.010, 0.020, 0.030, 0.040]
+    level.select_errors, level.reward_errors = 1, 2
+    level.reward = [0.005]
+    level.batch_sum, level.batch_count = 12.0, 4.0
+    return level
+
+
+def test_level_figures_have_the_headline_keys_per_concurrency() -> None:
+    rows = [load_report.level_figures(_level(), {1: 0.010, 3: 0.015})]
+    headline = load_report.by_concurrency(rows)
+    assert list(headline) == ["8"]
+    assert headline["8"] == {
+        "select_per_s": pytest.approx(1.5),  # 3 answered in 2 s
+        "p50_ms": pytest.approx(25.0),
+        "p99_ms": pytest.approx(39.7),
+        "mean_batch": 3.0,
+        "errors": 3,
+    }
+    assert rows[0]["select_p50_ms"] == rows[0]["p50_ms"]  # the former keys stay
+    assert rows[0]["select_errors"] == 1
+    assert json.loads(json.dumps(load_report.json_safe({"by_concurrency": headline})))
+
+
+def test_format_report_names_workers_threads_and_errors() -> None:
+    rows = [load_report.level_figures(_level(), {1: 0.010, 3: 0.015})]
+    result = {
+        "workload": {"context_dim": 64, "n_arms": 10, "hidden": [100, 100], "steps": 5}
+        | {"minibatch": 256},
+        "database": "fresh SQLite file",
+        "trainer": False,
+        "device": "cpu",
+        "machine": "x86_64",
+        "cpus": 2,
+        "threads": 1,
+        "torch": "2",
+        "torch_threads": 1,
+        "workers": 2,
+        "n_data": 20_000,
+        "version": 1,
+        "final_version": 1,
+        "requests": 10,
+        "seconds": 1.0,
+        "rounds": 1,
+        "warmup": 0,
+        "repeats": 1,
+        "reward_fraction": 0.5,
+        "inproc_seconds": {1: 0.010, 3: 0.015},
+        "reward_audit": None,
+        "levels": rows,
+    }
+    report = load_report.format_report(result)
+    assert "server: 2 worker process(es), torch threads 1" in report
+    assert "errors (/select and /reward): 3" in report
+    assert "mean batch n/a" in report
 
 
 def test_json_safe_replaces_nan_and_stringifies_keys() -> None:

@@ -165,6 +165,7 @@ def test_settings_are_frozen() -> None:
             "production mode needs redis_url",
         ),
         ({"unknown_setting": 1}, "unknown_setting"),
+        ({"torch_threads": -1}, "greater than or equal to 0"),
     ],
 )
 def test_settings_validators_refuse(kwargs: dict[str, object], message: str) -> None:
@@ -183,6 +184,37 @@ def test_settings_validators_refuse(kwargs: dict[str, object], message: str) -> 
 )
 def test_settings_validators_accept(kwargs: dict[str, object]) -> None:
     Settings(**kwargs)  # type: ignore[arg-type]
+
+
+def test_settings_torch_threads_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings().torch_threads == 0  # torch's default
+    monkeypatch.setenv("ROFU_TORCH_THREADS", "1")
+    assert Settings().torch_threads == 1
+
+
+def test_settings_in_process_trainer_only_embedded_without_redis() -> None:
+    assert Settings().in_process_trainer
+    assert not Settings(embedded_trainer=False).in_process_trainer
+    assert not Settings(redis_url="redis://cache:6379/0").in_process_trainer
+
+
+def test_apply_torch_threads_sets_and_logs(caplog: pytest.LogCaptureFixture) -> None:
+    import torch
+
+    from service.threads import apply_torch_threads
+
+    before = torch.get_num_threads()
+    try:
+        with caplog.at_level("INFO", logger="rofu.threads"):
+            assert apply_torch_threads(1) == 1
+            assert torch.get_num_threads() == 1
+            assert apply_torch_threads(0) == 1  # 0 leaves the count as it is
+        assert "torch intra-op threads: 1 (ROFU_TORCH_THREADS=1)" in caplog.text
+        assert "torch intra-op threads: 1 (torch's default)" in caplog.text
+        with pytest.raises(ValueError, match="threads must be >= 0"):
+            apply_torch_threads(-1)
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_settings_net_config_per_arm() -> None:

@@ -1,0 +1,203 @@
+"""The /select micro-batch handler: one batch of requests, one ROFU call, one write.
+
+It runs in the batcher's worker thread, so a request costs the event loop no thread-pool
+hop. Per batch: one query for the idempotency keys given, the catalogue (reloaded only
+when stale), one ROFU call, and one transaction inserting every new decision. Each
+request gets its own result or its own error: a failure fails only the requests that
+needed the failed step.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy.exc import IntegrityError
+
+from service.catalogue import CatalogueCache
+from service.db import repository
+from service.db.engine import SessionFactory
+from service.db.tables import DecisionRow
+from service.errors import Conflict, InvalidInput
+from service.schemas import SelectRequest
+from service.scoring import SelectJob, SelectOutcome
+
+
+@dataclass(frozen=True)
+class Pending:
+    """One validated /select request and the digest of what defines it."""
+
+    body: SelectRequest
+    digest: str
+
+
+@dataclass(frozen=True)
+class Decided:
+    """The stored decision a request gets, and whether this request created it."""
+
+    row: DecisionRow
+    created: bool
+
+
+Result = Decided | Exception  # an exception is that request's error, raised by its caller
+ScoreJobs = Callable[[list[SelectJob]], list[SelectOutcome | None]]
+Saved = tuple[DecisionRow, bool] | Exception  # (stored row, created) per event id
+
+
+class DecisionBatch:
+    """The micro-batcher's handler for /select.
+
+    Args:
+        scorer: scores a list of jobs (`service.scoring.Scorer`).
+        sessions: the database.
+        catalogue: the arm catalogue cache.
+        on_scored: called with the number of jobs each ROFU call scores.
+    """
+
+    def __init__(
+        self,
+        scorer: ScoreJobs,
+        sessions: SessionFactory,
+        catalogue: CatalogueCache,
+        on_scored: Callable[[int], None] | None = None,
+    ) -> None:
+        self._scorer = scorer
+        self._sessions = sessions
+        self._catalogue = catalogue
+        self._on_scored = on_scored
+
+    def __call__(self, batch: list[Pending]) -> list[Result]:
+        """Decide every request of the batch: replay, refuse, or score and store."""
+        results = self._replays(batch)
+        jobs = self._jobs(batch, results)
+        outcomes = self._score(jobs, results)
+        rows = {i: _row(batch[i], jobs[i], outcome) for i, outcome in outcomes.items()}
+        results.update(self._store(batch, rows))
+        return [results[i] for i in range(len(batch))]
+
+    def _replays(self, batch: list[Pending]) -> dict[int, Result]:
+        """The answers of requests whose key is already stored (one query)."""
+        keyed = {i: p.body.event_id for i, p in enumerate(batch) if p.body.event_id is not None}
+        if not keyed:
+            return {}
+        try:
+            stored = repository.find_decisions(self._sessions, set(keyed.values()))
+        except Exception as exc:  # only the keyed requests needed the lookup
+            return dict.fromkeys(keyed, exc)
+        return {
+            i: _replay(stored[key], batch[i].digest) for i, key in keyed.items() if key in stored
+        }
+
+    def _jobs(self, batch: list[Pending], results: dict[int, Result]) -> dict[int, SelectJob]:
+        """Jobs for the requests still open; a refused candidate set is that request's error."""
+        waiting = [i for i in range(len(batch)) if i not in results]
+        if not waiting:
+            return {}
+        try:
+            catalogue = self._catalogue.fresh()
+        except Exception as exc:
+            results.update(dict.fromkeys(waiting, exc))
+            return {}
+        jobs = {}
+        for i in waiting:
+            body = batch[i].body
+            try:
+                candidates = catalogue.candidates(body.arms, body.exclude)
+            except InvalidInput as exc:
+                results[i] = exc
+                continue
+            jobs[i] = SelectJob(tuple(body.context), tuple(candidates), body.explore)
+        return jobs
+
+    def _score(
+        self, jobs: dict[int, SelectJob], results: dict[int, Result]
+    ) -> dict[int, SelectOutcome]:
+        """One ROFU call for every job; a context whose scores are not finite is refused."""
+        if not jobs:
+            return {}
+        if self._on_scored is not None:
+            self._on_scored(len(jobs))
+        try:
+            outcomes = self._scorer(list(jobs.values()))
+        except Exception as exc:
+            results.update(dict.fromkeys(jobs, exc))
+            return {}
+        scored = {}
+        for i, outcome in zip(jobs, outcomes, strict=True):
+            if outcome is None:
+                results[i] = InvalidInput(
+                    "context: the model's scores for this context are not finite "
+                    "(values out of range)",
+                    field="context",
+                )
+            else:
+                scored[i] = outcome
+        return scored
+
+    def _store(self, batch: list[Pending], rows: dict[int, DecisionRow]) -> dict[int, Result]:
+        """Insert the new decisions; a second request with a key of this batch replays it."""
+        first: dict[str, int] = {}
+        for i, row in rows.items():
+            first.setdefault(row.event_id, i)
+        saved = self._insert([rows[i] for i in first.values()])
+        results: dict[int, Result] = {}
+        for i, row in rows.items():
+            outcome = saved[row.event_id]
+            if isinstance(outcome, Exception):
+                results[i] = outcome
+            elif outcome[1] and first[row.event_id] == i:
+                results[i] = Decided(outcome[0], created=True)
+            else:
+                results[i] = _replay(outcome[0], batch[i].digest)
+        return results
+
+    def _insert(self, rows: list[DecisionRow]) -> dict[str, Saved]:
+        """One transaction for every row; on a key stored meanwhile, row by row."""
+        if not rows:
+            return {}
+        try:
+            repository.insert_decisions(self._sessions, rows)
+        except IntegrityError:  # a key won a race on another replica: settle each row alone
+            return {row.event_id: self._save_one(row) for row in rows}
+        except Exception as exc:  # the one transaction failed: every row in it did
+            return dict.fromkeys((row.event_id for row in rows), exc)
+        return {row.event_id: (row, True) for row in rows}
+
+    def _save_one(self, row: DecisionRow) -> Saved:
+        try:
+            return repository.save_decision(self._sessions, row)
+        except Exception as exc:
+            return exc
+
+
+def _replay(stored: DecisionRow, digest: str) -> Result:
+    """The stored decision for a repeated key, or a 409 if the request differs."""
+    if stored.request_hash != digest:
+        return Conflict(
+            f"event_id {stored.event_id!r} was already used for a different request",
+            field="event_id",
+        )
+    return Decided(stored, created=False)
+
+
+def _row(pending: Pending, job: SelectJob, outcome: SelectOutcome) -> DecisionRow:
+    scores = {
+        arm.id: None
+        if outcome.scores is None
+        else [outcome.scores[arm.id].mean, outcome.scores[arm.id].bonus, outcome.scores[arm.id].ucb]
+        for arm in job.candidates
+    }
+    return DecisionRow(
+        event_id=pending.body.event_id or uuid.uuid4().hex,
+        context=list(job.context),
+        candidates=[arm.id for arm in job.candidates],
+        arm_id=outcome.arm.id,
+        slot=outcome.arm.slot,
+        propensity=outcome.propensity,
+        model_version=outcome.model_version,
+        explore=job.explore,
+        policy=outcome.policy,
+        scores=scores,
+        request_hash=pending.digest,
+    )
