@@ -82,8 +82,12 @@ class ExactAscent:
         pushed = self.trajectory(layers, query, unit, inv_scale, config.l2 / weight)
         if config.baseline == "start":
             return f0, self.values(pushed, query, unit) - f0
-        # The same steps without the optimism term, one trajectory per distinct weight.
-        weights, group = torch.unique(weight, return_inverse=True)  # (U,), (P,)
+        # The same steps without the optimism term: one trajectory per distinct weight,
+        # or a single one without l2, where the weight no longer enters the steps.
+        if config.l2 == 0:
+            weights, group = weight[:1], torch.zeros_like(unit)
+        else:
+            weights, group = torch.unique(weight, return_inverse=True)  # (U,), (P,)
         units = weights.numel()
         drift = self.trajectory(
             layers,

@@ -86,6 +86,8 @@ class RofuDefaults:
 
 
 ROFU_DEFAULTS = RofuDefaults()
+#: ROFU-NTK: the same defaults with the linearised estimator (`RofuConfig.estimator`).
+NTK_ROFU = dataclasses.replace(ROFU_DEFAULTS.rofu, estimator="ntk")
 
 LEARNERS = {
     "rofu": ROFU_DEFAULTS,
@@ -213,8 +215,13 @@ POLICIES: dict[str, Builder] = {
     "Dropout": _dropout,
     "ParamNoise": _param_noise,
     "ROFU": rofu_builder(ROFU_DEFAULTS),
+    "ROFU-NTK": rofu_builder(dataclasses.replace(ROFU_DEFAULTS, rofu=NTK_ROFU)),
     "Greedy-matched": lambda d, a, seed, device: _matched_greedy(ROFU_DEFAULTS, d, a, seed, device),
 }
+
+
+#: ROFU's flavours that take a data set's own setting: the variant keys each adds.
+ROFU_FLAVOURS = {"ROFU": "", "ROFU-NTK": "est=ntk", "Greedy-matched": ""}
 
 
 def _widths(value: str) -> tuple[int, ...]:
@@ -310,11 +317,14 @@ def build_policy(
 ) -> Policy:
     """A fresh policy by name (the VW anchors when `vowpalwabbit` is installed).
 
-    On a `bandit` listed in ROFU_DATASET_OVERRIDES, `ROFU` and `Greedy-matched` take its
-    overrides (Mushroom, the paper's exception; Covertype, Adult, Financial and Jester).
+    On a `bandit` listed in ROFU_DATASET_OVERRIDES, `ROFU`, `ROFU-NTK` and `Greedy-matched`
+    take its overrides (Mushroom, the paper's exception; Covertype, Adult, Financial and
+    Jester).
     """
-    if name in ("ROFU", "Greedy-matched") and bandit in ROFU_DATASET_OVERRIDES:
-        name = f"{name}@{ROFU_DATASET_OVERRIDES[bandit]}"
+    if name in ROFU_FLAVOURS and bandit in ROFU_DATASET_OVERRIDES:
+        base = "Greedy-matched" if name == "Greedy-matched" else "ROFU"
+        keys = filter(None, (ROFU_DATASET_OVERRIDES[bandit], ROFU_FLAVOURS[name]))
+        name = f"{base}@{'+'.join(keys)}"
     if name in POLICIES:
         return POLICIES[name](context_dim, n_arms, seed, device)
     if name.startswith("ROFU@"):
