@@ -86,7 +86,9 @@ class RofuDefaults:
 
 
 ROFU_DEFAULTS = RofuDefaults()
-#: ROFU-NTK: the same defaults with the linearised estimator (`RofuConfig.estimator`).
+#: ROFU-exact and ROFU-NTK: the same defaults with either estimator named explicitly
+#: (`ROFU` itself takes RofuConfig's default estimator, the one the service serves).
+EXACT_ROFU = dataclasses.replace(ROFU_DEFAULTS.rofu, estimator="exact")
 NTK_ROFU = dataclasses.replace(ROFU_DEFAULTS.rofu, estimator="ntk")
 
 LEARNERS = {
@@ -215,13 +217,19 @@ POLICIES: dict[str, Builder] = {
     "Dropout": _dropout,
     "ParamNoise": _param_noise,
     "ROFU": rofu_builder(ROFU_DEFAULTS),
+    "ROFU-exact": rofu_builder(dataclasses.replace(ROFU_DEFAULTS, rofu=EXACT_ROFU)),
     "ROFU-NTK": rofu_builder(dataclasses.replace(ROFU_DEFAULTS, rofu=NTK_ROFU)),
     "Greedy-matched": lambda d, a, seed, device: _matched_greedy(ROFU_DEFAULTS, d, a, seed, device),
 }
 
 
 #: ROFU's flavours that take a data set's own setting: the variant keys each adds.
-ROFU_FLAVOURS = {"ROFU": "", "ROFU-NTK": "est=ntk", "Greedy-matched": ""}
+ROFU_FLAVOURS = {
+    "ROFU": "",
+    "ROFU-exact": "est=exact",
+    "ROFU-NTK": "est=ntk",
+    "Greedy-matched": "",
+}
 
 
 def _widths(value: str) -> tuple[int, ...]:
@@ -317,8 +325,8 @@ def build_policy(
 ) -> Policy:
     """A fresh policy by name (the VW anchors when `vowpalwabbit` is installed).
 
-    On a `bandit` listed in ROFU_DATASET_OVERRIDES, `ROFU`, `ROFU-NTK` and `Greedy-matched`
-    take its overrides (Mushroom, the paper's exception; Covertype, Adult, Financial and
+    On a `bandit` listed in ROFU_DATASET_OVERRIDES, `ROFU`, its flavours (`ROFU-exact`,
+    `ROFU-NTK`) and `Greedy-matched` take its overrides (Mushroom, the paper's exception; Covertype, Adult, Financial and
     Jester).
     """
     if name in ROFU_FLAVOURS and bandit in ROFU_DATASET_OVERRIDES:
