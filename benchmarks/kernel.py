@@ -1,30 +1,54 @@
 """ROFU kernel benchmark: the contenders timed side by side, interleaved, in one run.
 
 At the reference workload (context dim 64, 10 arms, MLP 64-100-100-10, M = 5, regulariser
-minibatch 256, |D| = 20 000) it times, for 1 and for 32 concurrent contexts: the naive
-per-arm loop, batched ROFU, NeuralUCB-diagonal scoring and greedy scoring on the same
-network, plus a plain fp32 matrix product for the machine's throughput. Repetitions are
-interleaved (round robin) so that load on a shared machine hits every contender alike.
+minibatch 256, |D| = 20 000) it times, for 1 and for 32 concurrent contexts:
 
-    python -m benchmarks.kernel [--device cpu|cuda] [--repeats 7] [--json out.json]
+- `naive`: the per-pair loop (`models.rofu_naive`), the definition;
+- `rofu_reference`: the torch.func estimator (`kernel="functional"`), the former kernel;
+- `rofu_exact`: the hand-written batched exact kernel (`models.rofu_exact`);
+- `rofu_ntk`: NTK-ROFU from a prepared basis (`models.rofu_ntk`; the basis itself, built
+  once per checkpoint, is timed as `ntk_prepare`);
+- `neuralucb_diag` and `greedy` scoring on the same network;
+
+plus a plain fp32 matrix product for the machine's rate. Repetitions are interleaved
+(round robin) so that load on a shared machine hits every contender alike. Each
+estimator's FLOPs are counted, so every time is also a share of the matmul rate and a
+FLOP floor (the time it would take at that rate). Last, the two estimators' bonuses are
+compared on a partly fitted network under both baselines.
+
+    rofu bench kernel [--device cpu|cuda] [--repeats 7] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import platform
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 
-from models import RegulariserData, RewardNet, RewardNetConfig, RofuConfig, Transitions
+from models import (
+    FitConfig,
+    RegulariserData,
+    RewardNet,
+    RewardNetConfig,
+    RofuConfig,
+    Scores,
+    Transitions,
+    fit,
+)
 from models.policies import NeuralUCB
-from models.rofu import rofu_scores
+from models.rofu import ntk_basis, rofu_scores
 from models.rofu_naive import rofu_scores_naive
+
+CONTENDERS = ("naive", "rofu_reference", "rofu_exact", "rofu_ntk", "neuralucb_diag", "greedy")
 
 
 @dataclass(frozen=True)
@@ -42,8 +66,8 @@ class Workload:
         dims = [self.context_dim, *self.hidden, self.n_arms]
         return list(zip(dims[:-1], dims[1:], strict=True))
 
-    def rofu_flops(self, pairs: int) -> float:
-        """FLOPs batched ROFU executes for `pairs` (context, arm) pairs.
+    def exact_flops(self, pairs: int) -> float:
+        """FLOPs of exact ROFU for `pairs` (context, arm) pairs (each estimator's count).
 
         Forward costs 2 * sum(in * out) per row; backward 2 * sum(in * out) for weight
         gradients plus the same for input gradients except the first layer's. Step 1 is
@@ -55,6 +79,34 @@ class Workload:
         step = fwd + bwd
         per_pair = (self.steps - 1) * (self.minibatch + 1) * step + step + 2 * fwd
         return float(pairs * per_pair + (self.minibatch * step if self.steps else 0))
+
+    def ntk_flops(self, contexts: int) -> float:
+        """FLOPs of NTK-ROFU from a prepared basis: the queries' features, their kernel
+        with the M x m rows, and the coefficient steps (each (P, known) x (known, m))."""
+        pairs, rows, m = contexts * self.n_arms, self.steps * self.minibatch, self.minibatch
+        fwd = 2 * contexts * sum(i * o for i, o in self.widths())
+        bwd = 2 * pairs * sum(i * o for i, o in self.widths()[1:])
+        cross = 2 * rows * sum(pairs * o + contexts * i for i, o in self.widths())
+        steps = 2 * pairs * m * m * self.steps * (self.steps - 1) // 2
+        return float(fwd + bwd + cross + steps)
+
+    def ntk_prepare_flops(self) -> float:
+        """FLOPs of the basis: the rows' features and the kernel blocks between steps."""
+        rows, m = self.steps * self.minibatch, self.minibatch
+        per_row = 2 * sum(i * o for i, o in self.widths()) * 2
+        blocks = self.steps * (self.steps - 1) // 2
+        gram = blocks * m * m * 2 * sum(i + o for i, o in self.widths())
+        return float(rows * per_row + gram)
+
+
+@dataclass
+class Setup:
+    """One network, its data and the contexts every contender scores."""
+
+    net: RewardNet
+    data: RegulariserData
+    neural_ucb: NeuralUCB
+    config: RofuConfig
 
 
 def _timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
@@ -70,7 +122,7 @@ def _timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
     return run
 
 
-def _setup(work: Workload, device: torch.device) -> tuple[RewardNet, RegulariserData, NeuralUCB]:
+def _setup(work: Workload, device: torch.device) -> Setup:
     gen = torch.Generator().manual_seed(0)
     net_config = RewardNetConfig(
         context_dim=work.context_dim, n_arms=work.n_arms, hidden=work.hidden
@@ -85,31 +137,43 @@ def _setup(work: Workload, device: torch.device) -> tuple[RewardNet, Regulariser
     data = RegulariserData(sample, work.n_data, torch.bincount(arms, minlength=work.n_arms))
     neural_ucb = NeuralUCB(net_config, z="diag", device=device)
     neural_ucb.net.load_state_dict(net.state_dict())
-    return net, data, neural_ucb
+    return Setup(net, data, neural_ucb, RofuConfig(steps=work.steps, minibatch_size=work.minibatch))
 
 
-def contenders(work: Workload, batch: int, device: torch.device) -> dict[str, Callable[[], object]]:
-    """The functions timed for one batch size, all on the same network and data."""
-    net, data, neural_ucb = _setup(work, device)
-    contexts = torch.randn(batch, work.context_dim, generator=torch.Generator().manual_seed(1))
-    contexts = contexts.to(device)
-    config = RofuConfig(steps=work.steps, minibatch_size=work.minibatch)
+def contenders(setup: Setup, contexts: torch.Tensor) -> dict[str, Callable[[], object]]:
+    """The functions timed for one batch of contexts, all on the same network and data."""
+    net, data, config = setup.net, setup.data, setup.config
+    ntk = dataclasses.replace(config, estimator="ntk")
+    basis = ntk_basis(net, data, ntk, torch.Generator().manual_seed(2))
 
     def greedy() -> object:
         with torch.no_grad():
             return net.score_all(contexts).argmax(dim=1).cpu()
 
     def neural_ucb_diag() -> object:
-        return (neural_ucb.predict(contexts) + neural_ucb.bonus(contexts)).argmax(dim=1).cpu()
+        bonus = setup.neural_ucb.bonus(contexts)
+        return (setup.neural_ucb.predict(contexts) + bonus).argmax(dim=1).cpu()
+
+    def rofu(
+        kernel: Literal["fast", "functional"], cfg: RofuConfig = config, **kwargs: Any
+    ) -> Callable[[], object]:
+        return lambda: (
+            rofu_scores(
+                net, contexts, data, cfg, torch.Generator().manual_seed(2), kernel=kernel, **kwargs
+            )
+            .ucb.argmax(dim=1)
+            .cpu()
+        )
 
     return {
-        "naive loop": lambda: rofu_scores_naive(
+        "naive": lambda: rofu_scores_naive(
             net, contexts, data, config, torch.Generator().manual_seed(2)
         ),
-        "batched ROFU": lambda: rofu_scores(
-            net, contexts, data, config, torch.Generator().manual_seed(2)
-        ).ucb.cpu(),
-        "NeuralUCB-diag": neural_ucb_diag,
+        "rofu_reference": rofu("functional"),
+        "rofu_exact": rofu("fast"),
+        "rofu_ntk": rofu("fast", ntk, basis=basis),
+        "ntk_prepare": lambda: ntk_basis(net, data, ntk, torch.Generator().manual_seed(2)),
+        "neuralucb_diag": neural_ucb_diag,
         "greedy": greedy,
     }
 
@@ -124,9 +188,10 @@ def matmul_gflops(device: torch.device, repeats: int, size: int = 2048) -> float
     return 2 * size**3 / seconds / 1e9
 
 
-def measure(work: Workload, batch: int, device: torch.device, repeats: int) -> dict[str, float]:
+def measure(setup: Setup, batch: int, device: torch.device, repeats: int) -> dict[str, float]:
     """Median seconds per contender, repetitions interleaved round robin."""
-    fns = contenders(work, batch, device)
+    contexts = torch.randn(batch, setup.net.config.context_dim, generator=torch.Generator())
+    fns = contenders(setup, contexts.to(device))
     timer = _timer(device)
     for fn in fns.values():  # warm-up
         timer(fn)
@@ -137,32 +202,86 @@ def measure(work: Workload, batch: int, device: torch.device, repeats: int) -> d
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def report(work: Workload, device: torch.device, repeats: int) -> dict[str, object]:
+def entry(work: Workload, batch: int, medians: dict[str, float], peak: float) -> dict[str, Any]:
+    """One `contexts` entry: medians in ms, ratios, FLOPs, share of the matmul rate."""
+    flops = {
+        "rofu_reference": work.exact_flops(batch * work.n_arms),
+        "rofu_exact": work.exact_flops(batch * work.n_arms),
+        "rofu_ntk": work.ntk_flops(batch),
+        "ntk_prepare": work.ntk_prepare_flops(),
+    }
+    out: dict[str, Any] = {f"{name}_ms": 1e3 * seconds for name, seconds in medians.items()}
+    out["ratios"] = {
+        "rofu_reference_over_exact": medians["rofu_reference"] / medians["rofu_exact"],
+        "rofu_reference_over_ntk": medians["rofu_reference"] / medians["rofu_ntk"],
+        "ntk_over_neuralucb_diag": medians["rofu_ntk"] / medians["neuralucb_diag"],
+        "exact_over_neuralucb_diag": medians["rofu_exact"] / medians["neuralucb_diag"],
+        "naive_over_exact": medians["naive"] / medians["rofu_exact"],
+    }
+    out["flops"] = flops
+    out["share_of_matmul"] = {k: f / medians[k] / 1e9 / peak for k, f in flops.items()}
+    out["flop_floor_ms"] = {k: 1e3 * f / 1e9 / peak for k, f in flops.items()}
+    return out
+
+
+def closeness(work: Workload, device: torch.device, contexts: int = 32) -> dict[str, Any]:
+    """NTK against exact bonuses on a partly fitted network (float64), both baselines."""
+    setup = _setup(work, device)
+    net = setup.net.double()
+    gen = torch.Generator().manual_seed(5)
+    teacher = RewardNet(dataclasses.replace(net.config, seed=7)).double().to(device)
+    sample = setup.data.sample.to(device, torch.float64)
+    with torch.no_grad():
+        rewards = teacher(sample.x, sample.arms) + 0.1 * torch.randn(
+            len(sample), generator=gen, dtype=torch.float64
+        ).to(device)
+    sample = Transitions(sample.x, sample.arms, rewards)
+    fit(net, sample, FitConfig(steps=300, batch_size=256, lr=1e-3), gen)
+    data = RegulariserData(sample, setup.data.n_total, setup.data.arm_counts)
+    x = torch.randn(contexts, work.context_dim, generator=gen, dtype=torch.float64).to(device)
+    out: dict[str, Any] = {"contexts": contexts, "fit_steps": 300}
+    for baseline in ("start", "drift"):
+        got = {}
+        for estimator in ("exact", "ntk"):
+            cfg = dataclasses.replace(setup.config, baseline=baseline, estimator=estimator)
+            got[estimator] = rofu_scores(net, x, data, cfg, torch.Generator().manual_seed(3))
+        out[baseline] = _compared(got["exact"], got["ntk"])
+    return out
+
+
+def _compared(exact: Scores, ntk: Scores) -> dict[str, float | None]:
+    a, b = exact.bonus.flatten(), ntk.bonus.flatten()
+    both = (a > 0) & (b > 0)
+    relative = ((b - a).abs() / a.clamp(min=1e-12))[both]
+    same = exact.ucb.argmax(dim=1) == ntk.ucb.argmax(dim=1)
+    return {
+        "median_relative_difference": float(relative.median()) if both.any() else None,
+        "p90_relative_difference": float(relative.quantile(0.9)) if both.any() else None,
+        "exact_zero_share": float((a == 0).double().mean()),
+        "ntk_zero_share": float((b == 0).double().mean()),
+        "same_choice_share": float(same.double().mean()),
+    }
+
+
+def report(work: Workload, device: torch.device, repeats: int) -> dict[str, Any]:
     """Run the whole benchmark and return its figures."""
     peak = matmul_gflops(device, repeats)
-    rows = []
+    setup = _setup(work, device)
+    entries = {}
     for batch in (1, 32):
-        medians = measure(work, batch, device, repeats)
-        rofu_gflops = work.rofu_flops(batch * work.n_arms) / medians["batched ROFU"] / 1e9
-        rows.append(
-            {
-                "contexts": batch,
-                "median_ms": {k: 1e3 * v for k, v in medians.items()},
-                "naive_over_batched": medians["naive loop"] / medians["batched ROFU"],
-                "batched_over_neuralucb_diag": medians["batched ROFU"] / medians["NeuralUCB-diag"],
-                "rofu_gflops": rofu_gflops,
-                "rofu_share_of_matmul": rofu_gflops / peak,
-            }
-        )
+        medians = measure(setup, batch, device, repeats)
+        entries[str(batch)] = entry(work, batch, medians, peak)
     return {
-        "workload": work.__dict__ | {"hidden": list(work.hidden)},
+        "workload": dataclasses.asdict(work) | {"hidden": list(work.hidden)},
         "device": str(device),
         "device_name": _device_name(device),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "load_average": list(os.getloadavg()),
         "repeats": repeats,
         "matmul_gflops": peak,
-        "rows": rows,
+        "contexts": entries,
+        "closeness": closeness(work, device),
     }
 
 
@@ -172,35 +291,58 @@ def _device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
-def format_report(result: dict[str, object]) -> str:
+def format_report(result: dict[str, Any]) -> str:
     """A plain-text table of `report` output."""
     work = result["workload"]
-    assert isinstance(work, dict)
     lines = [
         f"ROFU kernel benchmark on {result['device']} ({result['device_name']}, "
         f"{result['threads']} threads, torch {result['torch']}), median of "
-        f"{result['repeats']} interleaved runs",
+        f"{result['repeats']} interleaved runs, load average "
+        f"{' '.join(f'{v:.2f}' for v in result['load_average'])}",
         f"workload: D={work['context_dim']}, A={work['n_arms']}, MLP "
         f"{work['context_dim']}-{'-'.join(map(str, work['hidden']))}-{work['n_arms']}, "
         f"M={work['steps']}, minibatch={work['minibatch']}, |D|={work['n_data']}",
         f"fp32 matmul 2048x2048: {result['matmul_gflops']:.1f} GFLOP/s",
         "",
-        f"{'contexts':>8}  {'contender':<15} {'median ms':>10} {'ms/context':>11}",
+        f"{'contexts':>8}  {'contender':<15} {'median ms':>10} {'ms/context':>11} "
+        f"{'% of matmul':>12} {'floor ms':>9}",
     ]
-    rows = result["rows"]
-    assert isinstance(rows, list)
-    for row in rows:
-        for name, ms in row["median_ms"].items():
+    for batch, row in result["contexts"].items():
+        for name in (*CONTENDERS, "ntk_prepare"):
+            ms = row[f"{name}_ms"]
+            share = row["share_of_matmul"].get(name)
+            floor = row["flop_floor_ms"].get(name)
             lines.append(
-                f"{row['contexts']:>8}  {name:<15} {ms:>10.2f} {ms / row['contexts']:>11.3f}"
+                f"{batch:>8}  {name:<15} {ms:>10.2f} {ms / int(batch):>11.3f} "
+                f"{'' if share is None else f'{100 * share:.0f}%':>12} "
+                f"{'' if floor is None else f'{floor:.2f}':>9}"
             )
+        ratios = row["ratios"]
         lines.append(
-            f"{'':>8}  naive/batched = {row['naive_over_batched']:.2f}x, "
-            f"batched/NeuralUCB-diag = {row['batched_over_neuralucb_diag']:.1f}x, "
-            f"batched ROFU {row['rofu_gflops']:.1f} GFLOP/s = "
-            f"{100 * row['rofu_share_of_matmul']:.0f}% of matmul"
+            f"{'':>8}  reference/exact = {ratios['rofu_reference_over_exact']:.2f}x, "
+            f"reference/ntk = {ratios['rofu_reference_over_ntk']:.1f}x, "
+            f"ntk/NeuralUCB-diag = {ratios['ntk_over_neuralucb_diag']:.2f}x, "
+            f"exact/NeuralUCB-diag = {ratios['exact_over_neuralucb_diag']:.1f}x"
+        )
+    near = result["closeness"]
+    lines.append("")
+    lines.append(
+        f"NTK vs exact bonus on a partly fitted network ({near['contexts']} contexts, float64):"
+    )
+    for baseline in ("start", "drift"):
+        c = near[baseline]
+        lines.append(
+            f"  {baseline:<5}: bonus relative difference median "
+            f"{_percent(c['median_relative_difference'])}, p90 "
+            f"{_percent(c['p90_relative_difference'])}; zero bonuses exact "
+            f"{_percent(c['exact_zero_share'])}, ntk {_percent(c['ntk_zero_share'])}; "
+            f"same choice {_percent(c['same_choice_share'])}"
         )
     return "\n".join(lines)
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,10 +55,14 @@ class ExactAscent:
             self.rows = [self._step_rows(sample, rows) for rows in steps]
 
     def _step_rows(self, sample: Transitions, rows: Tensor | None) -> _Rows:
+        # Plain indexing, no Transitions (whose checks read values back to the host), so
+        # that a CUDA graph can capture this (models.rofu_graphs).
+        x, arms, rewards = sample.x, sample.arms, sample.rewards
         if rows is not None:
-            sample = sample.subset(rows.to(sample.x.device))
-        inputs = self.net.inputs(sample.x, sample.arms, self.arm_features)  # (m, I0)
-        return _Rows(inputs, self._unit(sample.arms), sample.rewards)
+            rows = rows.to(x.device)
+            x, arms, rewards = x[rows], arms[rows], rewards[rows]
+        inputs = self.net.inputs(x, arms, self.arm_features)  # (m, I0)
+        return _Rows(inputs, self._unit(arms), rewards)
 
     def _unit(self, arms: Tensor) -> Tensor:
         """The output unit a (context, arm) pair reads: its arm, or the single output."""

@@ -19,13 +19,14 @@ residuals and the kernel blocks K_jk, k < j) is an `NtkBasis`, built once by
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from models.data import RegulariserData, Transitions
+from models.data import RegulariserData
 from models.networks import ACTIVATION_GRADS, ACTIVATIONS, RewardNet
 from models.rofu_config import RofuConfig, minibatch_indices
 
@@ -72,6 +73,20 @@ class Features:
         assert out is not None
         return out
 
+    def slice(self, lo: int, hi: int) -> Features:
+        """Points lo:hi (of features with one row of h per point)."""
+        if self.owner is not None:
+            raise ValueError("slice needs features with one row of h per point")
+        explicit = None if self.explicit is None else self.explicit[lo:hi]
+        return Features(
+            value=self.value[lo:hi],
+            theta_dot=self.theta_dot[lo:hi],
+            h=tuple(h[lo:hi] for h in self.h),
+            delta=tuple(d[lo:hi] for d in self.delta),
+            bias=self.bias,
+            explicit=explicit,
+        )
+
     def square_norm(self) -> Tensor:
         """(N,) |g(u)|^2."""
         if self.explicit is not None:
@@ -87,23 +102,34 @@ class Features:
 class NtkBasis:
     """What NTK-ROFU needs from a checkpoint and its minibatches, computed once.
 
+    The rows of every step are stacked (entry e holds columns offsets[e]:offsets[e+1];
+    one entry when every step uses the whole sample, else one per step).
+
     Attributes:
-        rows: per step, the features of that step's minibatch rows (one entry when every
-            step uses the whole sample).
-        residual: per entry of `rows`, (m,) f(theta) - r.
-        gram: gram[j][k]: (m_j, m_k) kernel between the rows of entries j and k, for
-            k < j (minibatches), or k = j = 0 (the whole sample, reused at every step).
+        rows: features of the stacked rows, (R,) points.
+        residual: (R,) f(theta) - r.
+        offsets: entry boundaries, len(entries) + 1.
+        gram: per entry e, the kernel between its rows and those already carrying
+            coefficients when it is used: (m_e, offsets[e]) for minibatches (the earlier
+            steps' rows), (N, N) for the whole sample.
         steps: M.
     """
 
-    rows: tuple[Features, ...]
-    residual: tuple[Tensor, ...]
-    gram: tuple[tuple[Tensor, ...], ...]
+    rows: Features
+    residual: Tensor
+    offsets: tuple[int, ...]
+    gram: tuple[Tensor, ...]
     steps: int
 
-    def at(self, step: int) -> int:
-        """Index into `rows` for a step."""
-        return min(step, len(self.rows) - 1)
+    def entry(self, step: int) -> int:
+        """The entry of the rows a step uses."""
+        return min(step, len(self.offsets) - 2)
+
+    def known(self, step: int) -> int:
+        """How many leading columns carry coefficients when `step` starts."""
+        if len(self.offsets) == 2:  # the whole sample: all of it after the first step
+            return self.offsets[1] if step > 0 else 0
+        return self.offsets[step]
 
 
 def features(
@@ -201,17 +227,20 @@ def prepare_ntk(
     device, dtype = next(iter(theta.values())).device, next(iter(theta.values())).dtype
     sample = data.sample.to(device, dtype)
     steps = minibatch_indices(len(sample), config, generator)
-    parts: list[Transitions] = (
-        [sample] if steps is None else [sample.subset(r.to(device)) for r in steps]
-    )
-    rows = tuple(features(net, theta, p.x, p.arms, arm_features) for p in parts)
-    residual = tuple(f.value - p.rewards for f, p in zip(rows, parts, strict=True))
-    gram: tuple[tuple[Tensor, ...], ...] = ((),)
-    if steps is None and config.steps > 1:  # every step reuses the whole sample: one block
-        gram = ((rows[0].kernel(rows[0]),),)
-    elif steps is not None:
-        gram = tuple(tuple(rows[j].kernel(rows[k]) for k in range(j)) for j in range(len(rows)))
-    return NtkBasis(rows=rows, residual=residual, gram=gram, steps=config.steps)
+    if steps is None:
+        parts = sample
+        offsets: tuple[int, ...] = (0, len(sample))
+    else:
+        parts = sample.subset(steps.flatten().to(device))
+        offsets = tuple(steps.shape[1] * e for e in range(steps.shape[0] + 1))
+    rows = features(net, theta, parts.x, parts.arms, arm_features)
+    if steps is None:
+        gram: tuple[Tensor, ...] = (rows.kernel(rows) if config.steps > 1 else rows.value[:0],)
+    else:  # only the blocks the steps use: rows of step e against those of steps < e
+        gram = tuple(
+            rows.slice(lo, hi).kernel(rows.slice(0, lo)) for lo, hi in itertools.pairwise(offsets)
+        )
+    return NtkBasis(rows, rows.value - parts.rewards, offsets, gram, config.steps)
 
 
 def ntk_gains(
@@ -226,28 +255,27 @@ def ntk_gains(
     if config.steps == 0:
         return f0, torch.zeros_like(f0)
     start = config.baseline == "start"
-    cross = [rows.kernel(query).T for rows in basis.rows]  # per entry (P, m)
+    cross = query.kernel(basis.rows)  # (P, R)
     shrink = config.l2 / weight  # (P,) lambda
     push = 1.0 / (config.eta * weight)  # (P,) s
     a, c = torch.zeros_like(f0), torch.zeros_like(f0)
-    coeffs: dict[int, Tensor] = {}  # b per entry of basis.rows, (P, m_entry)
+    coeffs = torch.zeros_like(cross)  # b, (P, R): d = a g_q + c theta + J^T b
     for j in range(config.steps):
         kappa = config.step_size * config.step_decay**j
-        entry = basis.at(j)
-        moved = a[:, None] * cross[entry]  # (P, m): J_j d_j
-        for k, b in coeffs.items():
-            moved = moved + b @ basis.gram[entry][k].T
+        entry, known = basis.entry(j), basis.known(j)
+        lo, hi = basis.offsets[entry], basis.offsets[entry + 1]
+        moved = a[:, None] * cross[:, lo:hi]  # (P, m): J_j d_j
+        if known:
+            moved = moved + coeffs[:, :known] @ basis.gram[entry][:, :known].T
         if start:
-            moved = moved + c[:, None] * basis.rows[entry].theta_dot + basis.residual[entry]
-        decay = (1.0 - 2.0 * kappa * shrink)[:, None]  # (P, 1)
-        coeffs = {k: b * decay for k, b in coeffs.items()}
-        step = (-2.0 * kappa / moved.shape[1]) * moved
-        coeffs[entry] = coeffs[entry] + step if entry in coeffs else step
-        a = decay[:, 0] * a + kappa * push
-        c = decay[:, 0] * c - 2.0 * kappa * shrink
-    gain = a * query.square_norm()
-    for k, b in coeffs.items():
-        gain = gain + (cross[k] * b).sum(dim=1)
+            theta_dot, residual = basis.rows.theta_dot[lo:hi], basis.residual[lo:hi]
+            moved = moved + c[:, None] * theta_dot + residual
+        decay = 1.0 - 2.0 * kappa * shrink  # (P,)
+        coeffs[:, :known] *= decay[:, None]
+        coeffs[:, lo:hi] += (-2.0 * kappa / (hi - lo)) * moved
+        a = decay * a + kappa * push
+        c = decay * c - 2.0 * kappa * shrink
+    gain = a * query.square_norm() + (cross * coeffs).sum(dim=1)
     if start:
         gain = gain + c * query.theta_dot
     return f0, gain

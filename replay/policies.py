@@ -39,6 +39,7 @@ from models.policies import (
     TrainSchedule,
     Uniform,
 )
+from models.rofu_config import SERVED_ESTIMATOR
 from models.validation import check_choice
 
 Builder = Callable[[int, int, int, torch.device], Policy]
@@ -60,7 +61,9 @@ class RofuDefaults:
     # disjoint from every reported seed): the authors' arm-count weighting and the drift
     # baseline had the lowest mean normalised regret. M = 5, eta = 1, step 0.01 as the paper.
     rofu: RofuConfig = dataclasses.field(
-        default_factory=lambda: RofuConfig(regulariser="arm_count", baseline="drift")
+        default_factory=lambda: RofuConfig(
+            regulariser="arm_count", baseline="drift", estimator=SERVED_ESTIMATOR
+        )
     )
     # persist (one Adam kept across refits instead of a fresh one each round), frozen after
     # results/tuning-persist (Statlog seeds 1000-1001, Financial seed 1000, T = 20 000): mean
@@ -326,8 +329,8 @@ def build_policy(
     """A fresh policy by name (the VW anchors when `vowpalwabbit` is installed).
 
     On a `bandit` listed in ROFU_DATASET_OVERRIDES, `ROFU`, its flavours (`ROFU-exact`,
-    `ROFU-NTK`) and `Greedy-matched` take its overrides (Mushroom, the paper's exception; Covertype, Adult, Financial and
-    Jester).
+    `ROFU-NTK`) and `Greedy-matched` take its overrides (Mushroom, the paper's exception;
+    Covertype, Adult, Financial and Jester).
     """
     if name in ROFU_FLAVOURS and bandit in ROFU_DATASET_OVERRIDES:
         base = "Greedy-matched" if name == "Greedy-matched" else "ROFU"

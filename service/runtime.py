@@ -71,6 +71,7 @@ class Runtime:
             settings.rofu_config(),
             settings.arm_feature_dim,
             settings.seed,
+            cuda_graphs=settings.cuda_graphs,
         )
         decisions = DecisionBatch(
             scorer, self.sessions, self.catalogue, on_scored=self.metrics.batch_size.observe

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from models import RofuConfig, Scores, rofu_scores
 from models.policies.base import greedy_decision, uniform_decision
+from models.rofu import NtkBasis, ntk_basis
+from models.rofu_graphs import GraphedExact
 from service.catalogue import Arm, CatalogueCache
-from service.snapshot import SnapshotHolder
+from service.snapshot import Snapshot, SnapshotHolder
+
+log = logging.getLogger("rofu.scoring")
 
 COLD_START = "cold-start"
 ROFU = "rofu"
@@ -54,12 +59,18 @@ class Scorer:
         config: RofuConfig,
         arm_feature_dim: int,
         seed: int,
+        *,
+        cuda_graphs: bool = True,
     ) -> None:
         self._holder = holder
         self._catalogue = catalogue
         self._config = config
         self._arm_feature_dim = arm_feature_dim
+        self._seed = seed
         self._generator = torch.Generator().manual_seed(seed)
+        self._cuda_graphs = cuda_graphs
+        # Built once per checkpoint and arm feature table: the NTK basis, or CUDA graphs.
+        self._cache: tuple[tuple[str, bytes] | None, object | None] = (None, None)
 
     def __call__(self, jobs: list[SelectJob]) -> list[SelectOutcome | None]:
         """Score and choose for every job (runs in the batcher's worker thread).
@@ -80,15 +91,7 @@ class Scorer:
         if self._arm_feature_dim:
             features = catalogue.feature_table(self._arm_feature_dim).to(device)
         contexts = torch.tensor([job.context for job in jobs], dtype=torch.float32)
-        scores = rofu_scores(
-            snapshot.net,
-            contexts.to(device),
-            snapshot.data,
-            self._config,
-            self._generator,
-            candidates=mask,
-            arm_features=features,
-        )
+        scores = self._scores(snapshot, contexts.to(device), mask, features)
         mean, bonus = scores.mean.cpu().double(), scores.bonus.cpu().double()
         finite = (torch.isfinite(mean) & torch.isfinite(bonus)) | ~mask
         return [
@@ -97,6 +100,60 @@ class Scorer:
             else None
             for row, job in enumerate(jobs)
         ]
+
+    def _scores(
+        self,
+        snapshot: Snapshot,
+        contexts: torch.Tensor,
+        mask: torch.Tensor,
+        features: torch.Tensor | None,
+    ) -> Scores:
+        graphed = self._graphed(snapshot, features)
+        if graphed is not None:
+            try:
+                return graphed(contexts, self._generator, mask)
+            except RuntimeError:  # e.g. a capture the driver refuses: stay eager for it
+                log.warning("CUDA graph replay failed; scoring eagerly", exc_info=True)
+                self._cache = (self._cache[0], None)
+        return rofu_scores(
+            snapshot.net,
+            contexts,
+            snapshot.data,
+            self._config,
+            self._generator,
+            candidates=mask,
+            arm_features=features,
+            basis=self.basis(snapshot, features),
+        )
+
+    def _cached(self, snapshot: Snapshot, features: torch.Tensor | None) -> object | None:
+        """What was built for this checkpoint and arm feature table, if anything."""
+        table = b"" if features is None else features.cpu().numpy().tobytes()
+        key = (snapshot.checksum, table)
+        if self._cache[0] != key:
+            self._cache = (key, self._build(snapshot, features))
+        return self._cache[1]
+
+    def _build(self, snapshot: Snapshot, features: torch.Tensor | None) -> object | None:
+        on_cuda = next(snapshot.net.parameters()).device.type == "cuda"
+        config = self._config
+        if config.estimator == "ntk":
+            # Minibatches from a generator seeded by the version: every replica serving a
+            # version holds the same basis.
+            generator = torch.Generator().manual_seed(self._seed * 1_000_003 + snapshot.version)
+            return ntk_basis(snapshot.net, snapshot.data, config, generator, arm_features=features)
+        if on_cuda and self._cuda_graphs and not (config.baseline == "drift" and config.l2):
+            return GraphedExact(snapshot.net, snapshot.data, config, arm_features=features)
+        return None
+
+    def basis(self, snapshot: Snapshot, features: torch.Tensor | None) -> NtkBasis | None:
+        """The `ntk` estimator's basis for this checkpoint (and arm features), built once."""
+        built = self._cached(snapshot, features)
+        return built if isinstance(built, NtkBasis) else None
+
+    def _graphed(self, snapshot: Snapshot, features: torch.Tensor | None) -> GraphedExact | None:
+        built = self._cached(snapshot, features)
+        return built if isinstance(built, GraphedExact) else None
 
     def _choose(
         self,

@@ -21,6 +21,7 @@ from pydantic_settings import (
 )
 
 from models import FitConfig, RewardNetConfig, RofuConfig
+from models.rofu_config import SERVED_ESTIMATOR
 
 ARM_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$"
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
@@ -75,6 +76,10 @@ class Settings(BaseSettings):
     minibatch_size: Annotated[int, Field(ge=1)] = 256
     bonus_scale: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
     baseline: Literal["start", "drift"] = "start"
+    estimator: Literal["exact", "ntk"] = SERVED_ESTIMATOR
+    # With `exact` on a CUDA device: replay the estimator from CUDA graphs captured per
+    # batch-size bucket (models.rofu_graphs); false: launch its kernels one by one.
+    cuda_graphs: bool = True
 
     # API keys (Authorization: Bearer <key>). Client keys: /select, /reward and reads;
     # admin keys: catalogue changes and /admin. Files hold one key per line.
@@ -188,6 +193,7 @@ class Settings(BaseSettings):
             minibatch_size=self.minibatch_size,
             bonus_scale=self.bonus_scale,
             baseline=self.baseline,
+            estimator=self.estimator,
         )
 
     def fit_config(self) -> FitConfig:

@@ -18,10 +18,13 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+import torch
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
+from models import rofu_scores
+from models.rofu import ntk_basis
 from service.app import create_app
 from service.db import repository
 from service.runtime import Runtime
@@ -300,6 +303,43 @@ async def test_service_select_uses_rofu_after_a_checkpoint(service: Service) -> 
     assert model["checksum"]
     ready = (await client.get("/readyz")).json()
     assert ready["checks"]["model"] == "loaded"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("estimator", ["exact", "ntk"])
+async def test_service_scores_are_rofu_scores_of_the_served_checkpoint(
+    sqlite_settings: Settings, estimator: str
+) -> None:
+    settings = sqlite_settings.model_copy(update={"estimator": estimator, "minibatch_size": 8})
+    async with app_client(settings) as (client, app):
+        report = await _with_checkpoint(client, app)
+        runtime = _runtime(app)
+        snapshot = runtime.holder.current
+        assert snapshot is not None
+        assert snapshot.version == report.version
+        first = await _select(client, context=CONTEXT)
+        second = await _select(client, context=CONTEXT)
+        # A second decision on the same context: `ntk` repeats it exactly (its minibatches
+        # come from the checkpoint), `exact` draws new minibatches from the shared stream.
+        config = settings.rofu_config()
+        generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + report.version)
+        basis = ntk_basis(snapshot.net, snapshot.data, config, generator)
+        want = rofu_scores(
+            snapshot.net,
+            torch.tensor([CONTEXT]),
+            snapshot.data,
+            config,
+            torch.Generator().manual_seed(0),
+            basis=basis if estimator == "ntk" else None,
+        )
+    for decision in (first, second):
+        got = torch.tensor([[s["mean"] for s in decision["scores"]]], dtype=torch.float64)
+        torch.testing.assert_close(got, want.mean[:, :4].double(), rtol=1e-5, atol=1e-6)
+        bonus = torch.tensor([[s["bonus"] for s in decision["scores"]]], dtype=torch.float64)
+        if estimator == "ntk":
+            torch.testing.assert_close(bonus, want.bonus[:, :4].double(), rtol=1e-5, atol=1e-6)
+    if estimator == "ntk":
+        assert first["scores"] == second["scores"]
 
 
 @pytest.mark.anyio

@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from models import FitConfig, RewardNetConfig, RofuConfig
+from models.rofu_config import SERVED_ESTIMATOR
 from service.settings import ArmSpec, Settings, get_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -244,6 +245,7 @@ def test_settings_rofu_config() -> None:
         l2=1.0,
         minibatch_size=64,
         bonus_scale=2.0,
+        estimator="exact",
     )
     assert settings.rofu_config() == RofuConfig(
         steps=7,
@@ -254,7 +256,18 @@ def test_settings_rofu_config() -> None:
         l2=1.0,
         minibatch_size=64,
         bonus_scale=2.0,
+        estimator="exact",
     )
+
+
+def test_settings_serve_the_replays_rofu_estimator() -> None:
+    """One product, one default: the estimator served is the one the replay's ROFU runs."""
+    from replay.policies import ROFU_DEFAULTS
+
+    assert Settings().rofu_config().estimator == SERVED_ESTIMATOR
+    assert ROFU_DEFAULTS.rofu.estimator == SERVED_ESTIMATOR
+    with pytest.raises(ValidationError, match="estimator"):
+        Settings(estimator="fast")
 
 
 def test_settings_fit_config() -> None:

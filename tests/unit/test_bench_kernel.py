@@ -1,0 +1,48 @@
+"""`rofu bench kernel` on a tiny workload: every contender runs and the JSON has its keys."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from benchmarks import kernel
+
+TINY = kernel.Workload(context_dim=4, n_arms=3, hidden=(8,), steps=3, minibatch=16, n_data=120)
+
+
+def test_bench_kernel_report_has_every_contender_ratio_and_share():
+    result = kernel.report(TINY, torch.device("cpu"), repeats=1)
+    json.dumps(result)  # what --json writes
+    assert result["matmul_gflops"] > 0
+    assert set(result["contexts"]) == {"1", "32"}
+    for row in result["contexts"].values():
+        for name in kernel.CONTENDERS:
+            assert row[f"{name}_ms"] > 0
+        assert set(row["share_of_matmul"]) == {
+            "rofu_reference",
+            "rofu_exact",
+            "rofu_ntk",
+            "ntk_prepare",
+        }
+        assert all(v > 0 for v in row["flop_floor_ms"].values())
+    for baseline in ("start", "drift"):
+        near = result["closeness"][baseline]
+        assert 0.0 <= near["same_choice_share"] <= 1.0
+    text = kernel.format_report(result)
+    assert "rofu_ntk" in text
+    assert "reference/exact" in text
+
+
+def test_bench_kernel_flop_counts_order_the_estimators():
+    work = kernel.Workload()
+    assert work.ntk_flops(1) < work.exact_flops(10) / 20
+    assert work.ntk_flops(32) < work.exact_flops(320) / 40
+    assert work.exact_flops(10) == pytest.approx(0.94e9, rel=0.05)  # about 1 GFLOP a decision
+
+
+def test_bench_kernel_refuses_bad_arguments(capsys):
+    with pytest.raises(SystemExit):
+        kernel.main(["--repeats", "0"])
+    assert "--repeats must be >= 1" in capsys.readouterr().err
