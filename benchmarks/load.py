@@ -68,6 +68,7 @@ from benchmarks.load_report import (
     level_figures,
     parse_metrics,
 )
+from models.rofu_config import ESTIMATORS, SERVED_ESTIMATOR
 from service.runtime import resolve_device
 from service.settings import Settings
 
@@ -104,6 +105,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--json", dest="json_path", help="also write the figures as JSON here")
     add("--torch-threads", type=int, help="ROFU_TORCH_THREADS of the server (default: torch's)")
     add("--workers", type=int, default=1, help="`rofu serve --workers` (default 1)")
+    add(
+        "--estimator",
+        choices=ESTIMATORS,
+        default=SERVED_ESTIMATOR,
+        help=f"ROFU_ESTIMATOR of the server (default {SERVED_ESTIMATOR}, the service's)",
+    )
     args = parser.parse_args(argv)
     checks = {
         "--requests must be >= --rounds": args.requests < max(args.rounds, 1),
@@ -144,6 +151,7 @@ def server_overrides(args: argparse.Namespace, database_url: str) -> dict[str, A
         "minibatch_size": work.minibatch,
         "data_sample_size": max(args.n_data, 20_000),
         "embedded_trainer": args.trainer,
+        "estimator": args.estimator,
     }
     if args.trainer:  # decisions close at once, so the trainer really runs under load
         overrides["reward_window_seconds"] = 0
@@ -310,6 +318,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "torch_threads": args.torch_threads,  # the server's ROFU_TORCH_THREADS; None: default
         "workers": args.workers,
+        "estimator": args.estimator,
         "torch": torch.__version__,
         "n_data": args.n_data,
         "version": version,

@@ -11,7 +11,7 @@ import torch
 from sqlalchemy import text
 
 from models import Checkpoint, RegulariserData, RewardNet, Transitions, dump_checkpoint, fit
-from models.rofu import rofu_scores
+from models.rofu import ntk_basis, rofu_scores
 from service import migrate
 from service.checkpoint_store import CheckpointStore
 from service.db import repository
@@ -62,6 +62,9 @@ def inprocess_seconds(
     device = resolve_device(settings.device)
     snapshot = Snapshot.from_blob(blob, settings.net_config(), device)  # as the server loads it
     config, generator = settings.rofu_config(), torch.Generator().manual_seed(settings.seed)
+    basis = None  # as the server does: the ntk basis is built once per checkpoint
+    if config.estimator == "ntk":
+        basis = ntk_basis(snapshot.net, snapshot.data, config, torch.Generator().manual_seed(0))
     contexts = {
         b: torch.randn(b, settings.context_dim, generator=torch.Generator().manual_seed(b))
         for b in batches
@@ -71,7 +74,13 @@ def inprocess_seconds(
         mask = torch.ones(b, settings.max_arms, dtype=torch.bool)
         start = time.perf_counter()
         scores = rofu_scores(
-            snapshot.net, contexts[b].to(device), snapshot.data, config, generator, candidates=mask
+            snapshot.net,
+            contexts[b].to(device),
+            snapshot.data,
+            config,
+            generator,
+            candidates=mask,
+            basis=basis,
         )
         scores.ucb.cpu()
         return time.perf_counter() - start

@@ -121,7 +121,8 @@ def format_report(result: dict[str, Any]) -> str:
         f"{result['cpus']} CPUs, {result['threads']} torch threads), torch {result['torch']}; "
         f"server: {result.get('workers', 1)} worker process(es), torch threads "
         f"{result.get('torch_threads') or 'default'}",
-        f"workload: D={work['context_dim']}, A={work['n_arms']}, MLP {work['context_dim']}-"
+        f"workload: ROFU {result.get('estimator', 'exact')} estimator, D={work['context_dim']}, "
+        f"A={work['n_arms']}, MLP {work['context_dim']}-"
         f"{'-'.join(map(str, work['hidden']))}-{work['n_arms']}, M={work['steps']}, minibatch="
         f"{work['minibatch']}, |D|={result['n_data']} synthetic rows, checkpoint "
         f"v{result['version']} (v{result['final_version']} served at the end)",

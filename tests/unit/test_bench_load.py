@@ -9,6 +9,7 @@ import math
 import pytest
 
 from benchmarks import load, load_inprocess, load_report
+from models.rofu_config import SERVED_ESTIMATOR
 from service.settings import Settings
 
 METRICS_TEXT = """\
@@ -111,6 +112,17 @@ def test_server_settings_pass_torch_threads_and_workers() -> None:
     assert Settings(**overrides).torch_threads == 1
     assert not Settings(**overrides).in_process_trainer  # so `rofu serve --workers 2` may run
     assert args.workers == 2
+
+
+def test_server_serves_the_service_estimator_unless_told() -> None:
+    default = load.parse_args([])
+    assert Settings(**load.server_overrides(default, "sqlite:///b.sqlite")).estimator == (
+        SERVED_ESTIMATOR
+    )
+    exact = load.server_overrides(load.parse_args(["--estimator", "exact"]), "sqlite:///b.sqlite")
+    assert load.as_environment(exact)["ROFU_ESTIMATOR"] == "exact"
+    with pytest.raises(SystemExit):
+        load.parse_args(["--estimator", "fast"])
 
 
 def _level() -> load_report.Level:
