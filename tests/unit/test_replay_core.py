@@ -218,6 +218,14 @@ def test_report_statistics():
     assert table["ROFU"].seconds_per_round == pytest.approx(1.0)
 
 
+def test_report_tests_the_estimators_against_rofu_exact_without_rofu():
+    finals = {"ROFU-exact": [10, 11, 12, 13, 14], "ROFU-NTK": [11, 13, 14, 15, 17]}
+    table = summarise(_fake_runs(finals))["b"]
+    assert table["ROFU-NTK"].wilcoxon_p == pytest.approx(0.0625)  # 5 pairs, all one way
+    assert math.isnan(table["ROFU-exact"].wilcoxon_p)
+    assert "against ROFU-exact" in markdown({"b": table}, "t")
+
+
 def test_report_writes_markdown_json_and_plots(tmp_path):
     for policy, runs in _fake_runs({"ROFU": [1, 2], "Uniform": [5, 6]})["b"].items():
         for run in runs:
