@@ -83,9 +83,9 @@ class ExactAscent:
         if config.steps == 0:
             return f0, torch.zeros_like(f0)
         inv_scale = 1.0 / (config.eta * weight)  # (P,)
-        pushed = self.trajectory(layers, query, unit, inv_scale, config.l2 / weight)
+        pushed = self.pushed_values(layers, query, unit, inv_scale, config.l2 / weight)
         if config.baseline == "start":
-            return f0, self.values(pushed, query, unit) - f0
+            return f0, pushed - f0
         # The same steps without the optimism term: one trajectory per distinct weight,
         # or a single one without l2, where the weight no longer enters the steps.
         if config.l2 == 0:
@@ -101,7 +101,7 @@ class ExactAscent:
             config.l2 / weights,
         )
         drift_pairs = [(w[group], None if b is None else b[group]) for w, b in drift]
-        return f0, self.values(pushed, query, unit) - self.values(drift_pairs, query, unit)
+        return f0, pushed - self.values(drift_pairs, query, unit)
 
     def values(self, layers: Layers, query: Tensor, unit: Tensor) -> Tensor:
         """f of each pair's query under shared (2-d) or per-pair (3-d) weights: (P,)."""
@@ -115,10 +115,48 @@ class ExactAscent:
                 h = self.act(h)
         return h[:, 0, :].gather(1, unit[:, None])[:, 0]  # (P,)
 
-    def trajectory(
+    def pushed_values(
         self, layers: Layers, query: Tensor, unit: Tensor, inv_scale: Tensor, l2_scale: Tensor
+    ) -> Tensor:
+        """f(theta_M) of each pair's query, (P,). The last step's update is never formed:
+        W_M u = decay W u - kappa sum_r delta[r] (in[r] . u) needs no weight gradient."""
+        steps = self.config.steps
+        if steps == 1:
+            return self.values(
+                self.trajectory(layers, query, unit, inv_scale, l2_scale), query, unit
+            )
+        params = self.trajectory(layers, query, unit, inv_scale, l2_scale, steps=steps - 1)
+        kappa = self.config.step_size * self.config.step_decay ** (steps - 1)
+        hs, deltas, rows = self._deltas(params, query, unit, inv_scale, steps - 1)
+        decay = (1.0 - 2.0 * kappa * l2_scale)[:, None]  # (P, 1)
+        bias = 1.0 if params[0][1] is not None else 0.0
+        u, last = query, len(params) - 1
+        for index, (w, b) in enumerate(params):
+            base = torch.bmm(w, u[:, :, None])[..., 0]  # (P, O)
+            if b is not None:
+                base = base + b
+            if index == 0:  # the rows' inputs: [query; minibatch], (P, 1+m)
+                dots = (u * query).sum(dim=1, keepdim=True)
+                if rows is not None and rows.unit.numel():
+                    dots = torch.cat([dots, u @ rows.inputs.T], dim=1)
+            else:
+                dots = torch.bmm(hs[index - 1], u[:, :, None])[..., 0]
+            change = torch.bmm(deltas[index].mT, (dots + bias)[:, :, None])[..., 0]  # (P, O)
+            z = decay * base - kappa * change
+            u = z if index == last else self.act(z)
+        return u.gather(1, unit[:, None])[:, 0]
+
+    def trajectory(
+        self,
+        layers: Layers,
+        query: Tensor,
+        unit: Tensor,
+        inv_scale: Tensor,
+        l2_scale: Tensor,
+        steps: int | None = None,
     ) -> Layers:
-        """M steps from theta for P pairs; `inv_scale` 0 drops the optimism term."""
+        """`steps` (default M) steps from theta for P pairs; `inv_scale` 0 drops the
+        optimism term."""
         config, pairs = self.config, query.shape[0]
         kappa = config.step_size
         shared = self.gradients(_stacked(layers, 1), query[:1], unit[:1], query.new_zeros(1), 0)
@@ -131,7 +169,7 @@ class ExactAscent:
             if b is not None and sb is not None and pb is not None:
                 new_b = b * _col(decay, 2) - kappa * (sb + pb)  # (P, O)
             params.append((new_w, new_b))
-        for index in range(1, config.steps):
+        for index in range(1, config.steps if steps is None else steps):
             kappa = config.step_size * config.step_decay**index
             grads = self.gradients(params, query, unit, inv_scale, index)
             decay = 1.0 - 2.0 * kappa * l2_scale
@@ -153,6 +191,28 @@ class ExactAscent:
 
         `step` None leaves the regulariser out (the query's own gradient only).
         """
+        hs, deltas, rows = self._deltas(layers, query, unit, inv_scale, step)
+        grads: list[tuple[Tensor, Tensor | None]] = []
+        for index, ((_, b), delta) in enumerate(zip(layers, deltas, strict=True)):
+            if index:
+                weight = torch.bmm(delta.mT, hs[index - 1])  # (P, O, I)
+            else:  # the query row's input is the pair's own, the rows' are shared
+                weight = delta[:, 0, :, None] * query[:, None, :]  # (P, O, I0)
+                if rows is not None and rows.unit.numel():
+                    weight = weight + torch.matmul(delta[:, 1:, :].mT, rows.inputs)
+            grads.append((weight, None if b is None else delta.sum(dim=1)))
+        return grads
+
+    def _deltas(
+        self,
+        layers: Layers,
+        query: Tensor,
+        unit: Tensor,
+        inv_scale: Tensor,
+        step: int | None,
+    ) -> tuple[list[Tensor], list[Tensor], _Rows | None]:
+        """Layer inputs h_l and the loss's gradients with respect to every layer's output
+        (P, 1+m, O_l), over [query; step's rows]."""
         rows = None if step is None else self._rows_at(step)
         zs, hs = self._forward(layers, query, rows)
         pairs = query.shape[0]
@@ -165,7 +225,12 @@ class ExactAscent:
             residual = (2.0 / rows.unit.numel()) * (pred - rows.rewards)  # (P, m)
             upstream = torch.cat([upstream, residual], dim=1)  # (P, 1+m)
         delta = torch.zeros_like(out).scatter_(2, index[..., None], upstream[..., None])
-        return self._backward(layers, zs, hs, delta, query, rows)
+        deltas = [delta]
+        for layer in range(len(layers) - 1, 0, -1):
+            upstream_h = torch.bmm(delta, layers[layer][0])  # (P, 1+m, I)
+            delta = self._through_activation(upstream_h, zs[layer - 1], hs[layer - 1])
+            deltas.append(delta)
+        return hs, deltas[::-1], rows
 
     def _forward(
         self, layers: Layers, query: Tensor, rows: _Rows | None
@@ -183,27 +248,6 @@ class ExactAscent:
             hs.append(h)
             zs.append(torch.bmm(h, w.mT) if b is None else torch.baddbmm(b[:, None, :], h, w.mT))
         return zs, hs
-
-    def _backward(
-        self,
-        layers: Layers,
-        zs: list[Tensor],
-        hs: list[Tensor],
-        delta: Tensor,
-        query: Tensor,
-        rows: _Rows | None,
-    ) -> list[tuple[Tensor, Tensor | None]]:
-        grads: list[tuple[Tensor, Tensor | None]] = []
-        for index in range(len(layers) - 1, 0, -1):
-            w, b = layers[index]
-            h = hs[index - 1]  # (P, 1+m, I)
-            grads.append((torch.bmm(delta.mT, h), None if b is None else delta.sum(dim=1)))
-            delta = self._through_activation(torch.bmm(delta, w), zs[index - 1], h)
-        weight = delta[:, 0, :, None] * query[:, None, :]  # (P, O, I0): the query row
-        if rows is not None and rows.unit.numel():
-            weight = weight + torch.matmul(delta[:, 1:, :].mT, rows.inputs)
-        grads.append((weight, None if layers[0][1] is None else delta.sum(dim=1)))
-        return grads[::-1]
 
     def _through_activation(self, upstream: Tensor, z: Tensor, h: Tensor) -> Tensor:
         """upstream * act'(z); ReLU's by the fused kernel its own backward uses."""
