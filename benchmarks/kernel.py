@@ -66,18 +66,23 @@ class Workload:
         dims = [self.context_dim, *self.hidden, self.n_arms]
         return list(zip(dims[:-1], dims[1:], strict=True))
 
-    def exact_flops(self, pairs: int) -> float:
-        """FLOPs of exact ROFU for `pairs` (context, arm) pairs (each estimator's count).
+    def exact_flops(self, pairs: int, *, last_update: bool = True) -> float:
+        """FLOPs of exact ROFU for `pairs` (context, arm) pairs.
 
         Forward costs 2 * sum(in * out) per row; backward 2 * sum(in * out) for weight
         gradients plus the same for input gradients except the first layer's. Step 1 is
         one shared minibatch gradient plus a single-row gradient per pair; steps 2..M run
         per pair over minibatch + query row; plus the forward at theta and at theta_M.
+        Without `last_update` (the hand-written kernel) the last step forms no weight
+        gradient: theta_M's output at the query costs 2 * sum(in + out) per row instead.
         """
         fwd = 2 * sum(i * o for i, o in self.widths())
         bwd = 2 * fwd - 2 * self.widths()[0][0] * self.widths()[0][1]
         step = fwd + bwd
         per_pair = (self.steps - 1) * (self.minibatch + 1) * step + step + 2 * fwd
+        if not last_update and self.steps > 1:
+            saved = fwd - 2 * sum(i + o for i, o in self.widths())  # per row
+            per_pair -= (self.minibatch + 1) * saved
         return float(pairs * per_pair + (self.minibatch * step if self.steps else 0))
 
     def ntk_flops(self, contexts: int) -> float:
@@ -206,7 +211,7 @@ def entry(work: Workload, batch: int, medians: dict[str, float], peak: float) ->
     """One `contexts` entry: medians in ms, ratios, FLOPs, share of the matmul rate."""
     flops = {
         "rofu_reference": work.exact_flops(batch * work.n_arms),
-        "rofu_exact": work.exact_flops(batch * work.n_arms),
+        "rofu_exact": work.exact_flops(batch * work.n_arms, last_update=False),
         "rofu_ntk": work.ntk_flops(batch),
         "ntk_prepare": work.ntk_prepare_flops(),
     }

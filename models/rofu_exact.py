@@ -5,7 +5,9 @@ torch.func dispatch in the hot loop: per-pair parameters are stacked, (P, O, I) 
 and every layer is one `bmm`/`baddbmm` over the pairs. What does not depend on the pair
 is computed once: step 0's regulariser gradient (every pair still sits at theta) and the
 first layer's product with the minibatch rows is a single broadcast matmul. Parameters
-are updated in place, and pairs run in chunks of `config.chunk_size`.
+are updated in place; the last step forms no weight gradient (theta_M's output at the
+query follows from that step's deltas and input products); pairs run in chunks of
+`config.chunk_size`.
 """
 
 from __future__ import annotations
