@@ -270,11 +270,12 @@ def ntk_gains(
         if start:
             theta_dot, residual = basis.rows.theta_dot[lo:hi], basis.residual[lo:hi]
             moved = moved + c[:, None] * theta_dot + residual
-        decay = 1.0 - 2.0 * kappa * shrink  # (P,)
-        coeffs[:, :known] *= decay[:, None]
-        coeffs[:, lo:hi] += (-2.0 * kappa / (hi - lo)) * moved
-        a = decay * a + kappa * push
-        c = decay * c - 2.0 * kappa * shrink
+        if config.l2:  # the l2 pull shrinks d and adds -theta's direction
+            decay = 1.0 - 2.0 * kappa * shrink  # (P,)
+            coeffs[:, :known] *= decay[:, None]
+            a, c = decay * a, decay * c - 2.0 * kappa * shrink
+        coeffs[:, lo:hi] -= (2.0 * kappa / (hi - lo)) * moved
+        a = a + kappa * push
     gain = a * query.square_norm() + (cross * coeffs).sum(dim=1)
     if start:
         gain = gain + c * query.theta_dot
