@@ -109,9 +109,10 @@ class NtkBasis:
         rows: features of the stacked rows, (R,) points.
         residual: (R,) f(theta) - r.
         offsets: entry boundaries, len(entries) + 1.
-        gram: per entry e, the kernel between its rows and those already carrying
-            coefficients when it is used: (m_e, offsets[e]) for minibatches (the earlier
-            steps' rows), (N, N) for the whole sample.
+        gram: per entry e, the kernel between the rows already carrying coefficients when
+            it is used and its own rows, laid out for the coefficient step's product:
+            (offsets[e], m_e) for minibatches (the earlier steps' rows), (N, N) for the
+            whole sample.
         steps: M.
     """
 
@@ -185,7 +186,11 @@ def _rank_one(
     delta = torch.zeros_like(out).scatter_(1, unit[:, None], 1.0)  # (N, O_L)
     deltas = [delta]
     for index in range(count - 1, 0, -1):
-        delta = (delta @ weights[index]) * act_grad(pick(zs[index - 1]), pick(hs[index]))
+        upstream = delta @ weights[index]  # (N, I)
+        if net.config.activation == "relu":  # the fused kernel of ReLU's own backward
+            delta = torch.ops.aten.threshold_backward(upstream, pick(hs[index]), 0.0)
+        else:
+            delta = upstream * act_grad(pick(zs[index - 1]), pick(hs[index]))
         deltas.append(delta)
     deltas.reverse()
     theta_dot = torch.stack([(d * pick(z)).sum(dim=1) for d, z in zip(deltas, zs, strict=True)])
@@ -238,7 +243,7 @@ def prepare_ntk(
         gram: tuple[Tensor, ...] = (rows.kernel(rows) if config.steps > 1 else rows.value[:0],)
     else:  # only the blocks the steps use: rows of step e against those of steps < e
         gram = tuple(
-            rows.slice(lo, hi).kernel(rows.slice(0, lo)) for lo, hi in itertools.pairwise(offsets)
+            rows.slice(0, lo).kernel(rows.slice(lo, hi)) for lo, hi in itertools.pairwise(offsets)
         )
     return NtkBasis(rows, rows.value - parts.rewards, offsets, gram, config.steps)
 
@@ -266,7 +271,7 @@ def ntk_gains(
         lo, hi = basis.offsets[entry], basis.offsets[entry + 1]
         moved = a[:, None] * cross[:, lo:hi]  # (P, m): J_j d_j
         if known:
-            moved = moved + coeffs[:, :known] @ basis.gram[entry][:, :known].T
+            moved = torch.addmm(moved, coeffs[:, :known], basis.gram[entry][:known])
         if start:
             theta_dot, residual = basis.rows.theta_dot[lo:hi], basis.residual[lo:hi]
             moved = moved + c[:, None] * theta_dot + residual
