@@ -29,8 +29,8 @@ REFERENCE = "ROFU"
 
 
 def reference_of(policies: Iterable[str]) -> str:
-    """What the Wilcoxon tests compare against: ROFU, else the first ROFU flavour
-    (`ROFU-exact` in a report that compares the estimators), else ROFU all the same."""
+    """What the Wilcoxon tests compare against: ROFU, else the first ROFU flavour in the
+    report's order (e.g. `ROFU-NTK` against `ROFU-exact`), else ROFU all the same."""
     names = list(policies)
     if REFERENCE in names:
         return REFERENCE
