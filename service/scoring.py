@@ -20,6 +20,12 @@ COLD_START = "cold-start"
 ROFU = "rofu"
 
 
+def checkpoint_generator(seed: int, version: int) -> torch.Generator:
+    """The generator a checkpoint's NTK basis draws its minibatches from: the same for
+    every replica serving that version."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + version)
+
+
 @dataclass(frozen=True)
 class SelectJob:
     """One validated /select request."""
@@ -140,7 +146,7 @@ class Scorer:
         if config.estimator == "ntk":
             # Minibatches from a generator seeded by the version: every replica serving a
             # version holds the same basis.
-            generator = torch.Generator().manual_seed(self._seed * 1_000_003 + snapshot.version)
+            generator = checkpoint_generator(self._seed, snapshot.version)
             return ntk_basis(snapshot.net, snapshot.data, config, generator, arm_features=features)
         if on_cuda and self._cuda_graphs and not (config.baseline == "drift" and config.l2):
             return GraphedExact(snapshot.net, snapshot.data, config, arm_features=features)

@@ -8,11 +8,13 @@ import torch
 
 from models import Scores, rofu_scores
 from models.policies.base import greedy_decision
+from models.rofu import ntk_basis
 from replay.bandits import MLPBandit
 from replay.http_driver import play
 from replay.simulate import WARM_START
 from service.checkpoint_store import CheckpointStore
 from service.db.engine import make_engine, session_factory
+from service.scoring import checkpoint_generator
 from service.settings import ArmSpec, Settings
 from service.snapshot import Snapshot
 from tests.support import seed_checkpoint, service_process
@@ -40,6 +42,15 @@ def _in_process(settings: Settings, contexts: np.ndarray, n_arms: int) -> list[i
     engine.dispose()
     snapshot = Snapshot.from_blob(blob, settings.net_config(), torch.device("cpu"))
     generator = torch.Generator().manual_seed(settings.seed)
+    config = settings.rofu_config()
+    basis = None  # with ntk, the checkpoint's basis, as the service builds it
+    if config.estimator == "ntk":
+        basis = ntk_basis(
+            snapshot.net,
+            snapshot.data,
+            config,
+            checkpoint_generator(settings.seed, snapshot.version),
+        )
     arms = []
     for t, context in enumerate(contexts):
         mask = torch.zeros(1, n_arms, dtype=torch.bool)
@@ -49,7 +60,7 @@ def _in_process(settings: Settings, contexts: np.ndarray, n_arms: int) -> list[i
             mask[:] = True
         x = torch.tensor([[float(v) for v in context]], dtype=torch.float32)
         scores = rofu_scores(
-            snapshot.net, x, snapshot.data, settings.rofu_config(), generator, candidates=mask
+            snapshot.net, x, snapshot.data, config, generator, candidates=mask, basis=basis
         )
         mean, bonus = scores.mean.double(), scores.bonus.double()
         arms.append(int(greedy_decision(Scores(mean, bonus), mask, generator).arms[0]))

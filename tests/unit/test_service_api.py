@@ -28,6 +28,7 @@ from models.rofu import ntk_basis
 from service.app import create_app
 from service.db import repository
 from service.runtime import Runtime
+from service.scoring import checkpoint_generator
 from service.settings import Settings
 from service.trainer import Trainer, TrainReport
 from tests.support import app_client
@@ -322,7 +323,7 @@ async def test_service_scores_are_rofu_scores_of_the_served_checkpoint(
         # A second decision on the same context: `ntk` repeats it exactly (its minibatches
         # come from the checkpoint), `exact` draws new minibatches from the shared stream.
         config = settings.rofu_config()
-        generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + report.version)
+        generator = checkpoint_generator(settings.seed, report.version)
         basis = ntk_basis(snapshot.net, snapshot.data, config, generator)
         want = rofu_scores(
             snapshot.net,
