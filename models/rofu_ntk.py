@@ -113,14 +113,12 @@ class NtkBasis:
             it is used and its own rows, laid out for the coefficient step's product:
             (offsets[e], m_e) for minibatches (the earlier steps' rows), (N, N) for the
             whole sample.
-        steps: M.
     """
 
     rows: Features
     residual: Tensor
     offsets: tuple[int, ...]
     gram: tuple[Tensor, ...]
-    steps: int
 
     def entry(self, step: int) -> int:
         """The entry of the rows a step uses."""
@@ -245,7 +243,7 @@ def prepare_ntk(
         gram = tuple(
             rows.slice(0, lo).kernel(rows.slice(lo, hi)) for lo, hi in itertools.pairwise(offsets)
         )
-    return NtkBasis(rows, rows.value - parts.rewards, offsets, gram, config.steps)
+    return NtkBasis(rows, rows.value - parts.rewards, offsets, gram)
 
 
 def ntk_gains(

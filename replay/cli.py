@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _combine(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]) -> int:
-    from replay.report import combine
+    from replay.combine import combine
 
     if args.out is None:
         parser.error("--combine needs --out, the folder of the combined report")

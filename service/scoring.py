@@ -148,8 +148,11 @@ class Scorer:
             # version holds the same basis.
             generator = checkpoint_generator(self._seed, snapshot.version)
             return ntk_basis(snapshot.net, snapshot.data, config, generator, arm_features=features)
-        if on_cuda and self._cuda_graphs and not (config.baseline == "drift" and config.l2):
-            return GraphedExact(snapshot.net, snapshot.data, config, arm_features=features)
+        if on_cuda and self._cuda_graphs:
+            try:
+                return GraphedExact(snapshot.net, snapshot.data, config, arm_features=features)
+            except ValueError:  # a setting it cannot capture (drift with l2): stay eager
+                return None
         return None
 
     def basis(self, snapshot: Snapshot, features: torch.Tensor | None) -> NtkBasis | None:

@@ -18,10 +18,10 @@ import torch
 
 from replay.bandits import PoolBandit
 from replay.cli import build_parser, main, parse_seeds
+from replay.combine import combine
 from replay.policies import POLICIES, ROFU_DEFAULTS, build_policy, rofu_variant
 from replay.report import (
     collect,
-    combine,
     json_safe,
     markdown,
     seed_ranges,
