@@ -12,6 +12,6 @@ stamp=.venv/.rofu-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
   .venv/bin/python -m pip install --quiet torch==2.13.0
-  .venv/bin/python -m pip install --quiet -e '.[dev,vw]'
+  .venv/bin/python -m pip install --quiet -e '.[dev,replay,vw]'
   touch "$stamp"
 fi

@@ -1,4 +1,8 @@
-"""The `rofu` command line: serve, migrate, trainer, pin, unpin, replay, ope, bench."""
+"""The service's commands: serve, migrate, trainer, pin and unpin.
+
+`rofu.cli` dispatches them (and the harness's replay, ope and bench, which this package never
+imports); `python -m service.cli` runs them alone, in an image installed without the harness.
+"""
 
 from __future__ import annotations
 
@@ -120,26 +124,16 @@ def _pin(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench(args: argparse.Namespace, rest: list[str]) -> int:
-    if args.which == "load":
-        from benchmarks.load import main as load_main
-
-        return load_main(rest)
-    from benchmarks.kernel import main as kernel_main
-
-    return kernel_main(rest)
+SERVICE_COMMANDS = ("serve", "migrate", "trainer", "pin", "unpin")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of every sub-command."""
-    parser = argparse.ArgumentParser(prog="rofu", description="rofu recommendation service")
-    commands = parser.add_subparsers(dest="command", required=True)
+def add_commands(commands: Any) -> None:
+    """Add the service's sub-commands to an `add_subparsers()` object."""
     serve = commands.add_parser("serve", help="run the HTTP service (settings from ROFU_*)")
     serve.add_argument("--host", help="bind address (default: ROFU_HOST)")
     serve.add_argument("--port", type=int, help="port (default: ROFU_PORT)")
-    serve.add_argument(
-        "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug")
-    )
+    serve.add_argument("--log-level", default="info", choices=LOG_LEVELS)
     serve.add_argument("--access-log", action="store_true", help="log every request")
     serve.add_argument(
         "--workers",
@@ -153,45 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.add_argument("--downgrade", metavar="REVISION", help="downgrade to this revision")
     trainer = commands.add_parser("trainer", help="run the trainer worker (production)")
     trainer.add_argument("--once", action="store_true", help="one training run, then exit")
-    trainer.add_argument(
-        "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug")
-    )
+    trainer.add_argument("--log-level", default="info", choices=LOG_LEVELS)
     pin = commands.add_parser("pin", help="roll back: serve a stored checkpoint version")
     pin.add_argument("version", type=int, nargs="?", help="version to serve (omit: show the pin)")
     commands.add_parser("unpin", help="serve the newest checkpoint again")
-    commands.add_parser(
-        "replay", add_help=False, help="replay harness: benchmark bandits, regret reports"
-    )
-    commands.add_parser(
-        "ope", add_help=False, help="off-policy evaluation on the Open Bandit Dataset sample"
-    )
-    bench = commands.add_parser(
-        "bench", help="benchmarks that print side-by-side ratios", add_help=False
-    )  # `rofu bench <which> --help` reaches the benchmark's own parser
-    bench.add_argument(
-        "which",
-        choices=("kernel", "load"),
-        help="kernel: the ROFU scoring kernel; load: the served API under concurrent clients",
-    )
-    return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Dispatch `rofu <command> ...`."""
-    parser = build_parser()
-    args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-    if args.command == "bench":
-        return _bench(args, rest)
-    if args.command == "replay":
-        from replay.cli import main as replay_main
-
-        return replay_main(rest)
-    if args.command == "ope":
-        from replay.cli import ope_main
-
-        return ope_main(rest)
-    if rest:
-        parser.error(f"unrecognised arguments: {' '.join(rest)}")
+def run(args: argparse.Namespace) -> int:
+    """Run a parsed service command."""
     handlers = {
         "serve": _serve,
         "migrate": _migrate,
@@ -200,6 +163,13 @@ def main(argv: list[str] | None = None) -> int:
         "unpin": _pin,
     }
     return handlers[args.command](args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m service.cli <command> ...`: the service's commands only."""
+    parser = argparse.ArgumentParser(prog="rofu", description="rofu recommendation service")
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

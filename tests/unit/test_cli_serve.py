@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import uvicorn
 
-from service import cli, migrate
+from rofu import cli
+from service import migrate
 from service.settings import get_settings
 
 
@@ -54,3 +55,21 @@ def test_cli_serve_workers_migrate_sqlite_once_then_start(
     assert call["log_config"]["root"]["level"] == "WARNING"
     url = get_settings().database_url
     assert migrate.current_revision_of(url) == migrate.head_revision()
+
+
+def test_rofu_bench_help_and_a_missing_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "--help"]) == 0
+    assert "kernel" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["bench"])
+    assert exited.value.code == 2
+    assert "choose a benchmark: kernel, load" in capsys.readouterr().err
+
+
+def test_rofu_refuses_arguments_a_service_command_does_not_take(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["migrate", "--nonsense"])
+    assert exited.value.code == 2
+    assert "unrecognised arguments: --nonsense" in capsys.readouterr().err
