@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -13,8 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from service.batcher import BatcherClosed
-from service.errors import ServiceError, Unauthorized, Unavailable
+from service.errors import ServiceError, error_response
 from service.middleware import BodyLimitMiddleware, MetricsMiddleware
 from service.routes import admin, arms, health, metrics, model, reward, select
 from service.runtime import Runtime
@@ -59,18 +58,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-def error_response(
-    status: int,
-    code: str,
-    message: str,
-    field: str | None = None,
-    headers: Mapping[str, str] | None = None,
-) -> JSONResponse:
-    """The one shape of every error body."""
-    body = {"error": {"code": code, "message": message, "field": field}}
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
 HTTP_METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})
 
 
@@ -91,18 +78,7 @@ def _allowed_methods(request: Request) -> str | None:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def service_error(_: Request, exc: ServiceError) -> JSONResponse:
-        headers = None
-        if isinstance(exc, Unavailable):
-            headers = {"Retry-After": str(exc.retry_after)}
-        elif isinstance(exc, Unauthorized):
-            headers = {"WWW-Authenticate": "Bearer"}
-        return error_response(exc.status_code, exc.code, exc.message, exc.field, headers)
-
-    @app.exception_handler(BatcherClosed)
-    async def shutting_down(_: Request, exc: BatcherClosed) -> JSONResponse:
-        return error_response(
-            503, "unavailable", "the service is shutting down", headers={"Retry-After": "1"}
-        )
+        return exc.response()
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -13,12 +13,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, TypeVar
 
+from service.errors import BatcherClosed
+
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-class BatcherClosed(RuntimeError):
-    """The batcher no longer accepts items."""
 
 
 class MicroBatcher(Generic[T, R]):
@@ -55,9 +53,13 @@ class MicroBatcher(Generic[T, R]):
         self._task: asyncio.Task[None] | None = None
 
     async def submit(self, item: T) -> R:
-        """Queue `item` and wait for its result (or its batch's error)."""
+        """Queue `item` and wait for its result (or its batch's error).
+
+        Raises:
+            BatcherClosed: after `aclose()` (a 503 with Retry-After when it reaches HTTP).
+        """
         if self._closed:
-            raise BatcherClosed("the batcher is closed")
+            raise BatcherClosed()
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="rofu-micro-batcher")
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()

@@ -1,36 +1,99 @@
 """Dependencies of the route handlers, as `Annotated` aliases.
 
-They are `async def` because they never block: FastAPI would run a plain `def` dependency
-in the thread pool, a needless hop on every request.
+Each gives a handler one part of the process's `Runtime` (built by the app's lifespan),
+so no handler reaches through the whole runtime. They are `async def` because they never
+block: FastAPI would run a plain `def` dependency in the thread pool, a needless hop on
+every request.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
 
+from service.batcher import MicroBatcher
+from service.catalogue import CatalogueCache
+from service.db.engine import SessionFactory
+from service.decision_batch import Pending, Result
+from service.follower import CheckpointFollower
+from service.metrics import ServiceMetrics
 from service.runtime import Runtime
-from service.security import authorise
+from service.security import KeyRing, authorise
+from service.settings import Settings
+from service.snapshot import Snapshot
 
 
-async def get_runtime(request: Request) -> Runtime:
-    """The process's runtime, created by the app's lifespan."""
+def _runtime(request: Request) -> Runtime:
     runtime: Runtime = request.app.state.runtime
     return runtime
 
 
-RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+async def get_app_settings(request: Request) -> Settings:
+    """The settings the app was built with."""
+    return _runtime(request).settings
 
 
-async def require_client(request: Request, runtime: RuntimeDep) -> None:
+async def get_sessions(request: Request) -> SessionFactory:
+    """The database session factory."""
+    return _runtime(request).sessions
+
+
+async def get_catalogue(request: Request) -> CatalogueCache:
+    """The cached arm catalogue."""
+    return _runtime(request).catalogue
+
+
+async def get_metrics(request: Request) -> ServiceMetrics:
+    """The process's Prometheus metrics."""
+    return _runtime(request).metrics
+
+
+async def get_batcher(request: Request) -> MicroBatcher[Pending, Result]:
+    """The micro-batcher that scores and stores /select requests."""
+    return _runtime(request).batcher
+
+
+async def get_snapshot(request: Request) -> Snapshot | None:
+    """The snapshot served at the time of the request (None before any checkpoint)."""
+    return _runtime(request).holder.current
+
+
+async def get_follower(request: Request) -> CheckpointFollower:
+    """The checkpoint follower: model state, sync, pin and unpin."""
+    return _runtime(request).follower
+
+
+async def get_database_check(request: Request) -> Callable[[], bool]:
+    """Whether the database answers (a blocking call: run it in the thread pool)."""
+    return _runtime(request).database_ok
+
+
+async def get_keys(request: Request) -> KeyRing:
+    """The API keys the service accepts."""
+    return _runtime(request).keys
+
+
+SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+SessionsDep = Annotated[SessionFactory, Depends(get_sessions)]
+CatalogueDep = Annotated[CatalogueCache, Depends(get_catalogue)]
+MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
+BatcherDep = Annotated[MicroBatcher[Pending, Result], Depends(get_batcher)]
+SnapshotDep = Annotated[Snapshot | None, Depends(get_snapshot)]
+FollowerDep = Annotated[CheckpointFollower, Depends(get_follower)]
+DatabaseCheckDep = Annotated[Callable[[], bool], Depends(get_database_check)]
+KeysDep = Annotated[KeyRing, Depends(get_keys)]
+
+
+async def require_client(request: Request, keys: KeysDep) -> None:
     """A client (or admin) API key, unless the service runs without keys."""
-    authorise(runtime.keys, request, admin=False)
+    authorise(keys, request, admin=False)
 
 
-async def require_admin(request: Request, runtime: RuntimeDep) -> None:
+async def require_admin(request: Request, keys: KeysDep) -> None:
     """An admin API key, unless the service runs without keys."""
-    authorise(runtime.keys, request, admin=True)
+    authorise(keys, request, admin=True)
 
 
 ClientAuth = Depends(require_client)

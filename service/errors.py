@@ -1,16 +1,36 @@
-"""The service's error hierarchy; `service.app` maps it to HTTP once.
+"""The service's error hierarchy, and the one shape of every error body.
 
 ServiceError (500)
 ├── InvalidInput (422)      bad field values the schema cannot see (e.g. context length)
 ├── NotFound (404)          unknown event or arm
 ├── Conflict (409)          a repeated key with different content, a full catalogue
 ├── PayloadTooLarge (413)   body over max_body_bytes
-├── Unauthorized (401)      missing or wrong API key
+├── Unauthorized (401)      missing or wrong API key; carries WWW-Authenticate
 ├── Forbidden (403)         a valid key without the needed role
 └── Unavailable (503)       a dependency (database) is down; carries Retry-After
+    └── BatcherClosed       the process is shutting down and takes no more decisions
+
+`ServiceError.response()` is the HTTP answer: `service.app` returns it from one exception
+handler, and the body-limit middleware (which runs before the app) sends it itself.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+
+from starlette.responses import JSONResponse
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    field: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    """The one shape of every error body."""
+    body = {"error": {"code": code, "message": message, "field": field}}
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 class ServiceError(Exception):
@@ -23,6 +43,14 @@ class ServiceError(Exception):
         super().__init__(message)
         self.message = message
         self.field = field
+
+    def headers(self) -> dict[str, str] | None:
+        """Headers the response carries besides the body."""
+        return None
+
+    def response(self) -> JSONResponse:
+        """This error as an HTTP response."""
+        return error_response(self.status_code, self.code, self.message, self.field, self.headers())
 
 
 class InvalidInput(ServiceError):
@@ -59,6 +87,10 @@ class Unauthorized(ServiceError):
     status_code = 401
     code = "unauthorized"
 
+    def headers(self) -> dict[str, str] | None:
+        """The scheme the client should authenticate with."""
+        return {"WWW-Authenticate": "Bearer"}
+
 
 class Forbidden(ServiceError):
     """The key is valid but lacks the role (403)."""
@@ -76,3 +108,14 @@ class Unavailable(ServiceError):
     def __init__(self, message: str, *, retry_after: int = 2) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str] | None:
+        """When the client should retry."""
+        return {"Retry-After": str(self.retry_after)}
+
+
+class BatcherClosed(Unavailable):
+    """The micro-batcher takes no more items: the process is shutting down (503)."""
+
+    def __init__(self, message: str = "the service is shutting down") -> None:
+        super().__init__(message, retry_after=1)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.errors import PayloadTooLarge
 from service.metrics import ServiceMetrics
 
 
@@ -23,7 +23,7 @@ class BodyLimitMiddleware:
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(send)
+            await self._refuse(scope, receive, send)
             return
         body, size, more = [], 0, True
         while more:
@@ -33,7 +33,7 @@ class BodyLimitMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                await self._refuse(send)
+                await self._refuse(scope, receive, send)
                 return
             body.append(chunk)
             more = message.get("more_body", False)
@@ -48,27 +48,9 @@ class BodyLimitMiddleware:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, send: Send) -> None:
-        payload = json.dumps(
-            {
-                "error": {
-                    "code": "payload_too_large",
-                    "message": f"request body exceeds {self.max_bytes} bytes",
-                    "field": None,
-                }
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(payload)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload})
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        error = PayloadTooLarge(f"request body exceeds {self.max_bytes} bytes")
+        await error.response()(scope, receive, send)
 
 
 class MetricsMiddleware:

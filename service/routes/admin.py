@@ -6,10 +6,8 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from service import pinning
-from service.db import repository
-from service.deps import AdminAuth, RuntimeDep
-from service.runtime import Runtime
+from service.deps import AdminAuth, FollowerDep
+from service.follower import CheckpointFollower
 from service.schemas import error_responses
 
 router = APIRouter(
@@ -34,35 +32,27 @@ class PinResponse(BaseModel):
     serving: int
 
 
-async def _state(runtime: Runtime) -> PinResponse:
-    await run_in_threadpool(runtime.sync)
-    pinned = await run_in_threadpool(repository.get_pin, runtime.sessions)
-    current = runtime.holder.current
-    return PinResponse(pinned=pinned, serving=0 if current is None else current.version)
+async def _state(follower: CheckpointFollower) -> PinResponse:
+    await run_in_threadpool(follower.sync)
+    pinned = await run_in_threadpool(follower.pinned)
+    return PinResponse(pinned=pinned, serving=follower.serving)
 
 
 @router.get("/pin", response_model=PinResponse)
-async def get_pin(runtime: RuntimeDep) -> PinResponse:
+async def get_pin(follower: FollowerDep) -> PinResponse:
     """The pinned version (null: the newest is served)."""
-    return await _state(runtime)
+    return await _state(follower)
 
 
 @router.put("/pin", response_model=PinResponse, responses=error_responses(400, 404, 409, 422))
-async def put_pin(body: PinRequest, runtime: RuntimeDep) -> PinResponse:
+async def put_pin(body: PinRequest, follower: FollowerDep) -> PinResponse:
     """Roll back: serve this stored checkpoint on every replica until unpinned."""
-    await run_in_threadpool(
-        pinning.pin,
-        runtime.sessions,
-        runtime.store,
-        runtime.settings.net_config(),
-        body.version,
-        runtime.redis,
-    )
-    return await _state(runtime)
+    await run_in_threadpool(follower.pin, body.version)
+    return await _state(follower)
 
 
 @router.delete("/pin", response_model=PinResponse)
-async def delete_pin(runtime: RuntimeDep) -> PinResponse:
+async def delete_pin(follower: FollowerDep) -> PinResponse:
     """Unpin: serve the newest checkpoint again."""
-    await run_in_threadpool(pinning.unpin, runtime.sessions, runtime.redis)
-    return await _state(runtime)
+    await run_in_threadpool(follower.unpin)
+    return await _state(follower)

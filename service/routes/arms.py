@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service.db import repository
 from service.db.tables import ArmRow
-from service.deps import AdminAuth, ClientAuth, RuntimeDep
+from service.deps import AdminAuth, CatalogueDep, ClientAuth, SessionsDep, SettingsDep
 from service.errors import InvalidInput
 from service.schemas import ArmRequest, ArmResponse, error_responses
 from service.settings import ARM_ID_PATTERN
@@ -29,9 +29,9 @@ def _view(row: ArmRow) -> ArmResponse:
     responses=error_responses(401),
     dependencies=[ClientAuth],
 )
-async def list_arms(runtime: RuntimeDep) -> list[ArmResponse]:
+async def list_arms(sessions: SessionsDep) -> list[ArmResponse]:
     """Every arm, active and retired."""
-    rows = await run_in_threadpool(repository.list_arms, runtime.sessions)
+    rows = await run_in_threadpool(repository.list_arms, sessions)
     return [_view(row) for row in rows]
 
 
@@ -42,24 +42,27 @@ async def list_arms(runtime: RuntimeDep) -> list[ArmResponse]:
     responses={**ERRORS, **error_responses(400)},  # 400: a body that is not UTF-8
     dependencies=[AdminAuth],
 )
-async def add_arm(body: ArmRequest, runtime: RuntimeDep) -> ArmResponse:
+async def add_arm(
+    body: ArmRequest, settings: SettingsDep, sessions: SessionsDep, catalogue: CatalogueDep
+) -> ArmResponse:
     """Add an arm; it can be selected (and explored) at once."""
     width = 0 if body.features is None else len(body.features)
-    if width != runtime.settings.arm_feature_dim:
+    if width != settings.arm_feature_dim:
         raise InvalidInput(
-            f"features: expected {runtime.settings.arm_feature_dim} values, got {width}",
-            field="features",
+            f"features: expected {settings.arm_feature_dim} values, got {width}", field="features"
         )
     row = await run_in_threadpool(
-        repository.add_arm, runtime.sessions, body.id, body.features, runtime.settings.max_arms
+        repository.add_arm, sessions, body.id, body.features, settings.max_arms
     )
-    await run_in_threadpool(runtime.catalogue.refresh)
+    await run_in_threadpool(catalogue.refresh)
     return _view(row)
 
 
 @router.delete("/{arm_id}", response_model=ArmResponse, responses=ERRORS, dependencies=[AdminAuth])
-async def retire_arm(arm_id: ArmPath, runtime: RuntimeDep) -> ArmResponse:
+async def retire_arm(
+    arm_id: ArmPath, sessions: SessionsDep, catalogue: CatalogueDep
+) -> ArmResponse:
     """Retire an arm: it is never selected again (its history stays)."""
-    row = await run_in_threadpool(repository.retire_arm, runtime.sessions, arm_id)
-    await run_in_threadpool(runtime.catalogue.refresh)
+    row = await run_in_threadpool(repository.retire_arm, sessions, arm_id)
+    await run_in_threadpool(catalogue.refresh)
     return _view(row)

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from service.deps import RuntimeDep
+from service.deps import DatabaseCheckDep, FollowerDep
 from service.schemas import HealthResponse
 
 router = APIRouter(tags=["health"])
@@ -19,13 +19,14 @@ async def healthz() -> HealthResponse:
 
 
 @router.get("/readyz", response_model=HealthResponse, responses={503: {"model": HealthResponse}})
-async def readyz(runtime: RuntimeDep) -> JSONResponse:
+async def readyz(database_ok: DatabaseCheckDep, follower: FollowerDep) -> JSONResponse:
     """Ready to serve: the database answers and the newest checkpoint is loaded (or none
     exists yet, a cold start)."""
-    database = "ok" if await run_in_threadpool(runtime.database_ok) else "unreachable"
-    model = runtime.model_state
-    ready = database == "ok" and model in ("loaded", "cold-start")
+    database = "ok" if await run_in_threadpool(database_ok) else "unreachable"
+    model = follower.state
+    ready = database == "ok" and model.ready
     body = HealthResponse(
-        status="ready" if ready else "not ready", checks={"database": database, "model": model}
+        status="ready" if ready else "not ready",
+        checks={"database": database, "model": model.value},
     )
     return JSONResponse(body.model_dump(), status_code=200 if ready else 503)

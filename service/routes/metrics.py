@@ -5,12 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from service.deps import RuntimeDep
+from service.deps import MetricsDep
 
 router = APIRouter(tags=["health"])
 
 
 @router.get("/metrics", response_class=Response)
-async def metrics(runtime: RuntimeDep) -> Response:
+async def metrics(service_metrics: MetricsDep) -> Response:
     """Request counts and latencies, batch sizes, selections, rewards, model version/age."""
-    return Response(generate_latest(runtime.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(service_metrics.registry), media_type=CONTENT_TYPE_LATEST)

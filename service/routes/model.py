@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
 from service.db import repository
-from service.deps import ClientAuth, RuntimeDep
+from service.deps import ClientAuth, SessionsDep, SettingsDep, SnapshotDep
 from service.schemas import CheckpointInfo, ModelResponse, error_responses
 
 router = APIRouter(
@@ -18,10 +18,8 @@ router = APIRouter(
 
 
 @router.get("", response_model=ModelResponse)
-async def model_info(runtime: RuntimeDep) -> ModelResponse:
+async def model_info(snapshot: SnapshotDep, settings: SettingsDep) -> ModelResponse:
     """The served checkpoint, network and ROFU settings."""
-    snapshot = runtime.holder.current
-    settings = runtime.settings
     return ModelResponse(
         version=0 if snapshot is None else snapshot.version,
         checksum=None if snapshot is None else snapshot.checksum,
@@ -34,9 +32,9 @@ async def model_info(runtime: RuntimeDep) -> ModelResponse:
 
 
 @router.get("/checkpoints", response_model=list[CheckpointInfo])
-async def checkpoints(runtime: RuntimeDep) -> list[CheckpointInfo]:
+async def checkpoints(sessions: SessionsDep) -> list[CheckpointInfo]:
     """Stored checkpoints, newest first (at most 50)."""
-    rows = await run_in_threadpool(repository.list_checkpoints, runtime.sessions)
+    rows = await run_in_threadpool(repository.list_checkpoints, sessions)
     return [
         CheckpointInfo(
             version=row.version,

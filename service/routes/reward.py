@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
 from service.db import repository
-from service.deps import ClientAuth, RuntimeDep
+from service.deps import ClientAuth, MetricsDep, SessionsDep, SettingsDep
 from service.errors import Conflict, InvalidInput, NotFound
 from service.schemas import RewardRequest, RewardResponse, error_responses
 
@@ -15,10 +15,12 @@ ERRORS = error_responses(400, 401, 403, 404, 409, 413, 422, 503)
 
 
 @router.post("/reward", response_model=RewardResponse, responses=ERRORS)
-async def reward(body: RewardRequest, runtime: RuntimeDep) -> RewardResponse:
+async def reward(
+    body: RewardRequest, settings: SettingsDep, sessions: SessionsDep, metrics: MetricsDep
+) -> RewardResponse:
     """Attach a reward to a decision; durable before the 2xx; the first value wins."""
-    counter = runtime.metrics.rewards
-    limit = runtime.settings.max_abs_reward
+    counter = metrics.rewards
+    limit = settings.max_abs_reward
     if abs(body.value) > limit:
         raise InvalidInput(
             f"value: {body.value} is beyond the bound +-{limit:g} (ROFU_MAX_ABS_REWARD)",
@@ -26,7 +28,7 @@ async def reward(body: RewardRequest, runtime: RuntimeDep) -> RewardResponse:
         )
     try:
         outcome = await run_in_threadpool(
-            repository.attach_reward, runtime.sessions, body.event_id, body.value
+            repository.attach_reward, sessions, body.event_id, body.value
         )
     except NotFound:
         counter.labels("unknown_event").inc()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from service.decisions import decide
-from service.deps import ClientAuth, RuntimeDep
+from service.deps import BatcherDep, ClientAuth, MetricsDep, SettingsDep
 from service.schemas import SelectRequest, SelectResponse, error_responses
 
 router = APIRouter(tags=["decisions"], dependencies=[ClientAuth])
@@ -13,6 +13,8 @@ ERRORS = error_responses(400, 401, 403, 409, 413, 422, 503)
 
 
 @router.post("/select", response_model=SelectResponse, responses=ERRORS)
-async def select(body: SelectRequest, runtime: RuntimeDep) -> SelectResponse:
+async def select(
+    body: SelectRequest, settings: SettingsDep, batcher: BatcherDep, metrics: MetricsDep
+) -> SelectResponse:
     """Choose an arm for a context: the argmax of ROFU's upper confidence bound."""
-    return await decide(runtime, body)
+    return await decide(body, settings, batcher, metrics)

@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 import anyio
 import pytest
 
-from service.batcher import BatcherClosed, MicroBatcher
+from service.batcher import MicroBatcher
+from service.errors import BatcherClosed
 
 HANG_GUARD_S = 20  # fail instead of hanging when a batch never flushes
 FOREVER_S = 120.0  # a max_wait no test reaches: only size or aclose() can flush
@@ -253,7 +254,7 @@ async def test_batcher_aclose_without_any_submit() -> None:
     batcher = MicroBatcher(Recorder(), max_size=2, max_wait_s=0.01)
     await batcher.aclose()
     await batcher.aclose()
-    with pytest.raises(BatcherClosed, match="closed"):
+    with pytest.raises(BatcherClosed, match="shutting down"):
         await batcher.submit(1)
 
 

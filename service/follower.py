@@ -1,0 +1,166 @@
+"""Checkpoint following: serve the pinned version, else the newest one, verified first.
+
+The pin lives in the database; the newest version is the larger of the Redis pointer and
+the newest stored row. A version's bytes come from the caller's hint, then Redis, then
+the durable store, each read only when the ones before it are missing or refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from enum import StrEnum
+
+import redis
+import torch
+
+from models import CheckpointError, RewardNetConfig
+from service import pinning
+from service.checkpoint_store import CheckpointStore
+from service.db import repository
+from service.db.engine import SessionFactory
+from service.metrics import ServiceMetrics
+from service.redis_bus import RedisBus
+from service.snapshot import Snapshot, SnapshotHolder
+
+log = logging.getLogger("rofu.follower")
+FALLBACK_DEPTH = 10  # older checkpoints tried at start-up when the newest is refused
+Hint = tuple[int, bytes]  # (version, blob) handed over by the in-process bus
+
+
+class ModelState(StrEnum):
+    """What the replica serves; /readyz reports the value."""
+
+    STARTING = "starting"
+    LOADED = "loaded"
+    COLD_START = "cold-start"  # no checkpoint exists yet: uniform decisions
+    REFUSED = "cold-start: checkpoints refused"  # every stored checkpoint failed verification
+
+    @property
+    def ready(self) -> bool:
+        """Whether the replica serves as intended (a refused checkpoint is not)."""
+        return self in (ModelState.LOADED, ModelState.COLD_START)
+
+
+class CheckpointFollower:
+    """Follows the trainer's checkpoints into `holder` (blocking calls, thread-safe)."""
+
+    def __init__(
+        self,
+        sessions: SessionFactory,
+        store: CheckpointStore,
+        holder: SnapshotHolder,
+        metrics: ServiceMetrics,
+        expect: RewardNetConfig,
+        device: torch.device,
+        redis_bus: RedisBus | None = None,
+    ) -> None:
+        self.state = ModelState.STARTING
+        self._sessions = sessions
+        self._store = store
+        self._holder = holder
+        self._metrics = metrics
+        self._expect = expect
+        self._device = device
+        self._redis = redis_bus
+        self._lock = threading.Lock()  # poll, notices, publishes and admin calls
+
+    @property
+    def serving(self) -> int:
+        """The served version (0: none yet)."""
+        current = self._holder.current
+        return 0 if current is None else current.version
+
+    def load_initial(self) -> None:
+        """Load what should be served before reporting ready; fall back to older ones."""
+        self.sync()
+        if self._holder.current is None and repository.get_pin(self._sessions) is None:
+            for row in repository.list_checkpoints(self._sessions, limit=FALLBACK_DEPTH)[1:]:
+                if any(self.accept(row.version, blob) for blob in self.copies(row.version)):
+                    break
+        if self._holder.current is None:
+            newest = repository.latest_checkpoint(self._sessions, with_blob=False)
+            self.state = ModelState.COLD_START if newest is None else ModelState.REFUSED
+
+    def sync(self, hint: Hint | None = None) -> None:
+        """Serve the pinned version, else the newest one.
+
+        Called on every bus notice, by the poll loop, by the in-process bus and by the
+        admin routes. Each copy is verified and a bad one refused, so a corrupted Redis
+        copy falls back to the database's.
+        """
+        with self._lock:  # one decision at a time: a stale pin read cannot win a race
+            pinned = repository.get_pin(self._sessions)
+            target = pinned if pinned is not None else self._newest_version()
+            current = self._holder.current
+            if target is None or (current is not None and current.version == target):
+                return
+            for blob in self.copies(target, hint):
+                if self.accept(target, blob, only_newer=pinned is None):
+                    return
+
+    def _newest_version(self) -> int | None:
+        versions = []
+        if self._redis is not None:
+            try:
+                versions.append(self._redis.latest_version())
+            except redis.RedisError as exc:
+                log.warning("checkpoint pointer unavailable (%s); using the database", exc)
+        row = repository.latest_checkpoint(self._sessions, with_blob=False)
+        versions.append(None if row is None else row.version)
+        known = [v for v in versions if v is not None]
+        return max(known) if known else None
+
+    def copies(self, version: int, hint: Hint | None = None) -> Iterator[bytes]:
+        """The copies of `version`'s bytes, best first; each is read only when asked for."""
+        if hint is not None and hint[0] == version:
+            yield hint[1]
+        if self._redis is not None:
+            try:
+                blob = self._redis.fetch(version)
+            except redis.RedisError as exc:
+                log.warning("checkpoint %s unavailable from Redis (%s)", version, exc)
+                blob = None
+            if blob is not None:
+                yield blob
+        try:
+            stored = self._store.get(version)
+        except CheckpointError as exc:
+            log.error("stored checkpoint %s unusable: %s", version, exc)
+            self._metrics.checkpoint_rejected.inc()
+            return
+        if stored is not None:
+            yield stored[1]
+
+    def accept(self, version: int, blob: bytes, *, only_newer: bool = True) -> bool:
+        """Verify a checkpoint and swap it in; a bad one is refused, logged and counted."""
+        try:
+            snapshot = Snapshot.from_blob(blob, self._expect, self._device)
+            if snapshot.version != version:
+                raise CheckpointError(f"blob holds version {snapshot.version}, not {version}")
+        except CheckpointError as exc:
+            log.error("refused checkpoint %s: %s", version, exc)
+            self._metrics.checkpoint_rejected.inc()
+            return False
+        if not self._holder.swap(snapshot, only_newer=only_newer):
+            return True  # a newer one arrived meanwhile
+        self.state = ModelState.LOADED
+        self._metrics.model_version.set(snapshot.version)
+        self._metrics.checkpoint_swaps.inc()
+        log.info("serving checkpoint %s", snapshot.version)
+        return True
+
+    # Rollback ---------------------------------------------------------------------------
+
+    def pinned(self) -> int | None:
+        """The pinned version (None: the newest is served)."""
+        return repository.get_pin(self._sessions)
+
+    def pin(self, version: int) -> None:
+        """Pin every replica to stored checkpoint `version` (see `service.pinning.pin`)."""
+        pinning.pin(self._sessions, self._store, self._expect, version, self._redis)
+
+    def unpin(self) -> None:
+        """Serve the newest checkpoint again, on every replica."""
+        pinning.unpin(self._sessions, self._redis)

@@ -1,0 +1,198 @@
+"""CheckpointFollower on SQLite with a fake Redis: copies read lazily, verified, swapped."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+import torch
+
+from models import Checkpoint, RegulariserData, dump_checkpoint
+from service import migrate
+from service.checkpoint_store import CheckpointStore
+from service.db import repository
+from service.db.engine import SessionFactory, make_engine, session_factory
+from service.db.tables import CheckpointRow
+from service.follower import CheckpointFollower, ModelState
+from service.metrics import ServiceMetrics
+from service.snapshot import SnapshotHolder
+from tests.factories import make_net, make_transitions
+
+EXPECT = make_net(3, 2, hidden=(4,)).config
+
+
+def _blob(version: int, hidden: tuple[int, ...] = (4,)) -> bytes:
+    net = make_net(3, 2, hidden=hidden)
+    sample = make_transitions(6, 3, 2, seed=version)
+    data = RegulariserData(sample, 6, sample.arms.bincount(minlength=2))
+    return dump_checkpoint(Checkpoint(version, net.config, net.state_dict(), data))
+
+
+def _damaged(blob: bytes) -> bytes:
+    damaged = bytearray(blob)
+    damaged[-10] ^= 0x01
+    return bytes(damaged)
+
+
+class FakeRedis:
+    """The follower's view of the Redis bus: a pointer and copies, recording each read."""
+
+    def __init__(self, copies: dict[int, bytes], *, down: bool = False) -> None:
+        self.copies = copies
+        self.down = down
+        self.fetched: list[int] = []
+
+    def latest_version(self) -> int | None:
+        if self.down:
+            raise redis.ConnectionError("redis is down")
+        return max(self.copies, default=None)
+
+    def fetch(self, version: int) -> bytes | None:
+        self.fetched.append(version)
+        if self.down:
+            raise redis.ConnectionError("redis is down")
+        return self.copies.get(version)
+
+
+class SpyStore(CheckpointStore):
+    """The durable store, recording which versions were read."""
+
+    def __init__(self, sessions: SessionFactory) -> None:
+        super().__init__(sessions)
+        self.read: list[int] = []
+
+    def get(self, version: int) -> tuple[CheckpointRow, bytes] | None:
+        self.read.append(version)
+        return super().get(version)
+
+
+@pytest.fixture
+def sessions(tmp_path):
+    url = f"sqlite:///{tmp_path}/follower.sqlite"
+    migrate.upgrade(url)
+    engine = make_engine(url)
+    yield session_factory(engine)
+    engine.dispose()
+
+
+@pytest.fixture
+def store(sessions) -> SpyStore:
+    return SpyStore(sessions)
+
+
+def _save(store: CheckpointStore, version: int, blob: bytes) -> None:
+    store.save(version, blob, metrics={}, rows_trained=6, n_total=6, consumed=[])
+
+
+def _follower(sessions, store, bus: FakeRedis | None = None) -> CheckpointFollower:
+    return CheckpointFollower(
+        sessions, store, SnapshotHolder(), ServiceMetrics(), EXPECT, torch.device("cpu"), bus
+    )
+
+
+def _rejected(follower: CheckpointFollower) -> float:
+    return float(follower._metrics.checkpoint_rejected._value.get())
+
+
+def test_model_state_values_are_the_wire_strings() -> None:
+    assert [state.value for state in ModelState] == [
+        "starting",
+        "loaded",
+        "cold-start",
+        "cold-start: checkpoints refused",
+    ]
+    assert [state for state in ModelState if state.ready] == [
+        ModelState.LOADED,
+        ModelState.COLD_START,
+    ]
+
+
+def test_follower_good_hint_reads_neither_redis_nor_the_store(sessions, store) -> None:
+    one = _blob(1)
+    _save(store, 1, one)
+    bus = FakeRedis({1: one})
+    follower = _follower(sessions, store, bus)
+    follower.sync(hint=(1, one))
+    assert (follower.serving, follower.state) == (1, ModelState.LOADED)
+    assert (bus.fetched, store.read) == ([], [])
+    assert follower._metrics.checkpoint_swaps._value.get() == 1
+    assert follower._metrics.model_version._value.get() == 1
+
+
+def test_follower_refused_hint_falls_back_to_redis_only(sessions, store) -> None:
+    one = _blob(1)
+    _save(store, 1, one)
+    bus = FakeRedis({1: one})
+    follower = _follower(sessions, store, bus)
+    follower.sync(hint=(1, _damaged(one)))
+    assert follower.serving == 1
+    assert (bus.fetched, store.read) == ([1], [])
+    assert _rejected(follower) == 1
+
+
+def test_follower_refused_hint_and_redis_copy_fall_back_to_the_store(sessions, store) -> None:
+    one = _blob(1)
+    _save(store, 1, one)
+    bus = FakeRedis({1: _damaged(one)})
+    follower = _follower(sessions, store, bus)
+    follower.sync(hint=(1, _damaged(one)))
+    assert follower.serving == 1
+    assert (bus.fetched, store.read) == ([1], [1])
+    assert _rejected(follower) == 2
+
+
+def test_follower_reads_the_store_when_redis_is_down(sessions, store) -> None:
+    _save(store, 1, _blob(1))
+    bus = FakeRedis({}, down=True)
+    follower = _follower(sessions, store, bus)
+    follower.sync()
+    assert follower.serving == 1
+    assert (bus.fetched, store.read) == ([1], [1])
+
+
+def test_follower_hint_for_another_version_is_not_used(sessions, store) -> None:
+    _save(store, 1, _blob(1))
+    _save(store, 2, _blob(2))
+    bus = FakeRedis({2: _blob(2)})
+    follower = _follower(sessions, store, bus)
+    follower.sync(hint=(1, _blob(1)))  # stale: version 2 is the newest
+    assert follower.serving == 2
+    assert (bus.fetched, store.read) == ([2], [])
+
+
+def test_follower_load_initial_without_checkpoints_is_a_cold_start(sessions, store) -> None:
+    follower = _follower(sessions, store)
+    assert follower.state == ModelState.STARTING
+    follower.load_initial()
+    assert (follower.serving, follower.state) == (0, ModelState.COLD_START)
+
+
+def test_follower_load_initial_falls_back_to_an_older_checkpoint(sessions, store) -> None:
+    _save(store, 1, _blob(1))
+    _save(store, 2, _blob(2, hidden=(5,)))  # another network: fails verification
+    follower = _follower(sessions, store)
+    follower.load_initial()
+    assert (follower.serving, follower.state) == (1, ModelState.LOADED)
+    assert _rejected(follower) == 1
+
+
+def test_follower_load_initial_with_every_checkpoint_refused(sessions, store) -> None:
+    _save(store, 1, _blob(1, hidden=(5,)))
+    follower = _follower(sessions, store)
+    follower.load_initial()
+    assert (follower.serving, follower.state) == (0, ModelState.REFUSED)
+    assert not follower.state.ready
+
+
+def test_follower_serves_the_pin_and_the_newest_after_unpin(sessions, store) -> None:
+    _save(store, 1, _blob(1))
+    _save(store, 2, _blob(2))
+    follower = _follower(sessions, store)
+    follower.sync()
+    assert follower.serving == 2
+    follower.pin(1)
+    follower.sync()
+    assert (follower.pinned(), follower.serving) == (1, 1)  # older, but pinned
+    follower.unpin()
+    follower.sync()
+    assert (follower.pinned(), follower.serving) == (None, 2)
+    assert repository.get_pin(sessions) is None
