@@ -1,8 +1,10 @@
 """The Deep Bayesian Bandits Showdown data sets (Riquelme et al. 2018) as `Bandit`s.
 
 One loader per data set reads the files under the benchmark data folder (see
-`shared/data/SOURCES.md`) and returns a bandit; `replay/DATASETS.md` records for each the
-files, pool size, context dim, arms, reward rule and every departure from the Showdown.
+`shared/data/SOURCES.md`) and returns a bandit; the registry `DATASETS` names each with its
+loader and the files it reads, so a run can check them before it starts; a user's own
+classification file loads through `replay.datafile`. `replay/DATASETS.md` records for each
+the files, pool size, context dim, arms, reward rule and every departure from the Showdown.
 Shared departures: every pool bandit draws its rows uniformly *with* replacement (the
 Showdown shuffles and takes the first T rows, except for Mushroom) and z-scores with the
 statistics of the whole pool (the Showdown: of the T rows it kept); Adult's and Census's
@@ -13,7 +15,8 @@ any policy that memorises rows learns outright (its reports say so).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +33,7 @@ from replay.conversions import (
     one_hot,
     zscore,
 )
+from replay.datafile import ClassificationFile
 
 ADULT_COLUMNS = (
     "age", "workclass", "fnlwgt", "education", "education-num", "marital-status",
@@ -39,6 +43,14 @@ ADULT_COLUMNS = (
 ADULT_NUMERIC = ("age", "fnlwgt", "education-num", "capital-gain", "capital-loss", "hours-per-week")
 JESTER_CONTEXT_JOKES, JESTER_ARMS = 32, 8
 FINANCIAL_ARMS = 8
+# the files each loader reads, relative to the data folder (the registry lists them too)
+MUSHROOM_FILE = "mushroom/agaricus-lepiota.data"
+STATLOG_FILE = "statlog_shuttle/shuttle.trn"
+COVERTYPE_FILE = "covertype/covtype_ramp92962.data.gz"
+ADULT_FILES = ("adult/adult.data", "adult/adult.test")
+CENSUS_FILE = "census1990/USCensus1990.first199rows.csv"
+JESTER_FILE = "jester/jester_data_40jokes_19181users.npy"
+FINANCIAL_FILE = "financial/raw_stock_contexts"
 
 
 def _expect_columns(array: np.ndarray, columns: int, path: Path) -> np.ndarray:
@@ -49,7 +61,7 @@ def _expect_columns(array: np.ndarray, columns: int, path: Path) -> np.ndarray:
 
 def load_mushroom(folder: Path) -> PoolBandit:
     """UCI Mushroom: one-hot of the 22 attributes; arm 0 don't eat, arm 1 eat."""
-    path = folder / "mushroom" / "agaricus-lepiota.data"
+    path = folder / MUSHROOM_FILE
     frame = pd.read_csv(path, header=None, dtype=str)
     _expect_columns(frame.to_numpy(), 23, path)
     # '?' (stalk-root unknown) stays a category of its own, as in the Showdown
@@ -67,7 +79,7 @@ def load_mushroom(folder: Path) -> PoolBandit:
 
 def load_statlog(folder: Path) -> PoolBandit:
     """UCI Statlog (Shuttle), shuttle.trn only as the Showdown: 9 z-scored features, 7 classes."""
-    path = folder / "statlog_shuttle" / "shuttle.trn"
+    path = folder / STATLOG_FILE
     data = _expect_columns(np.loadtxt(path), 10, path)
     notes = (
         f"UCI shuttle.trn only (as the Showdown; shuttle.tst unused), {len(data)} rows; "
@@ -79,7 +91,7 @@ def load_statlog(folder: Path) -> PoolBandit:
 
 def load_covertype(folder: Path) -> PoolBandit:
     """UCI Covertype, PARTIAL: the 92962-row random subset; all 54 columns z-scored."""
-    path = folder / "covertype" / "covtype_ramp92962.data.gz"
+    path = folder / COVERTYPE_FILE
     data = _expect_columns(pd.read_csv(path, header=None).to_numpy(), 55, path)
     notes = (
         f"PARTIAL: {len(data)}-row random subset (16%) of UCI covtype, no header row lost; "
@@ -98,8 +110,8 @@ def _read_adult(folder: Path) -> pd.DataFrame:
         "skipinitialspace": True,
         "na_values": "?",
     }
-    train = pd.read_csv(folder / "adult" / "adult.data", **read)
-    test = pd.read_csv(folder / "adult" / "adult.test", skiprows=1, **read)
+    train = pd.read_csv(folder / ADULT_FILES[0], **read)
+    test = pd.read_csv(folder / ADULT_FILES[1], skiprows=1, **read)
     test["income"] = test["income"].str.rstrip(".")
     return pd.concat([train, test], ignore_index=True).dropna().reset_index(drop=True)
 
@@ -133,7 +145,7 @@ def load_census(folder: Path, *, zscore_all: bool = False) -> PoolBandit:
         folder: the benchmark data folder.
         zscore_all: also z-score the one-hot columns, as the Showdown does.
     """
-    path = folder / "census1990" / "USCensus1990.first199rows.csv"
+    path = folder / CENSUS_FILE
     frame = pd.read_csv(path)
     codes, classes = label_codes(frame["dOccup"])
     contexts = one_hot(frame.drop(columns=["caseid", "dOccup"]))
@@ -151,7 +163,7 @@ def load_census(folder: Path, *, zscore_all: bool = False) -> PoolBandit:
 
 def load_jester(folder: Path) -> PoolBandit:
     """Jester 40 jokes x 19181 users: 32 ratings as context, the other 8 jokes as arms."""
-    path = folder / "jester" / "jester_data_40jokes_19181users.npy"
+    path = folder / JESTER_FILE
     ratings = np.load(path, allow_pickle=False)
     _expect_columns(ratings, JESTER_CONTEXT_JOKES + JESTER_ARMS, path)
     notes = (
@@ -166,7 +178,7 @@ def load_jester(folder: Path) -> PoolBandit:
 
 def load_financial(folder: Path) -> FinancialBandit:
     """Financial: raw stock contexts, 8 linear arms drawn per seed."""
-    path = folder / "financial" / "raw_stock_contexts"
+    path = folder / FINANCIAL_FILE
     contexts = _expect_columns(np.loadtxt(path, skiprows=1), 21, path)
     notes = (
         f"raw_stock_contexts {len(contexts)} days x {contexts.shape[1]} stocks, raw as the "
@@ -186,33 +198,88 @@ def load_mlp(folder: Path) -> Bandit:
     return MLPBandit()
 
 
-DATASETS: dict[str, Callable[[Path], Bandit]] = {
-    "mushroom": load_mushroom,
-    "statlog": load_statlog,
-    "covertype": load_covertype,
-    "adult": load_adult,
-    "census": load_census,
-    "jester": load_jester,
-    "financial": load_financial,
-    "wheel": load_wheel,
-    "mlp": load_mlp,
+@dataclass(frozen=True)
+class Dataset:
+    """A registered data set: its loader (which builds its bandit) and the files it reads.
+
+    Attributes:
+        load: the data folder -> the bandit.
+        files: paths relative to the data folder; none for a synthetic bandit.
+    """
+
+    load: Callable[[Path], Bandit]
+    files: tuple[str, ...] = ()
+
+    @property
+    def synthetic(self) -> bool:
+        """Whether it reads no file (and needs no data folder)."""
+        return not self.files
+
+
+DATASETS: dict[str, Dataset] = {
+    "mushroom": Dataset(load_mushroom, (MUSHROOM_FILE,)),
+    "statlog": Dataset(load_statlog, (STATLOG_FILE,)),
+    "covertype": Dataset(load_covertype, (COVERTYPE_FILE,)),
+    "adult": Dataset(load_adult, ADULT_FILES),
+    "census": Dataset(load_census, (CENSUS_FILE,)),
+    "jester": Dataset(load_jester, (JESTER_FILE,)),
+    "financial": Dataset(load_financial, (FINANCIAL_FILE,)),
+    "wheel": Dataset(load_wheel),
+    "mlp": Dataset(load_mlp),
 }
-SYNTHETIC = frozenset({"wheel", "mlp"})
 
 
-def load_bandit(name: str, data_dir: Path | None = None) -> Bandit:
-    """The bandit of a data set, by (case-insensitive) name.
+def _registered(name: str) -> Dataset:
+    key = name.lower()
+    if key not in DATASETS:
+        raise ValueError(
+            f"unknown data set {name!r}; known: {', '.join(DATASETS)} (a classification file "
+            "of your own: --dataset-file PATH --label-column N)"
+        )
+    return DATASETS[key]
+
+
+def check_datasets(names: Iterable[str], data_dir: Path | None = None) -> tuple[str, ...]:
+    """The registered names, lower-cased and once each, after checking that their files exist.
 
     Args:
-        name: a key of `DATASETS`.
+        names: data set names, any case.
         data_dir: the benchmark data folder; None resolves it with `config.data_dir`.
 
     Raises:
-        ValueError: the name is not a known data set.
+        ValueError: a name is not registered.
+        FileNotFoundError: the folder, or a file a named data set reads, is missing.
+    """
+    needs = {name.lower(): _registered(name).files for name in names}
+    if any(needs.values()):
+        folder = config.data_dir(data_dir)
+        missing = [
+            f"{file} ({key})"
+            for key, files in needs.items()
+            for file in files
+            if not (folder / file).is_file()
+        ]
+        if missing:
+            raise FileNotFoundError(
+                f"the data folder {folder} lacks {', '.join(missing)} (--data-dir or "
+                "ROFU_DATA_DIR: the benchmark data, see shared/data/SOURCES.md)"
+            )
+    return tuple(needs)
+
+
+def load_bandit(source: str | ClassificationFile, data_dir: Path | None = None) -> Bandit:
+    """The bandit of a registered data set, by (case-insensitive) name, or of a user's file.
+
+    Args:
+        source: a key of `DATASETS`, or a classification file of the user's.
+        data_dir: the benchmark data folder; None resolves it with `config.data_dir`.
+
+    Raises:
+        ValueError: the name is not a known data set, or the file cannot be read
+            (`replay.datafile.DataFileError`).
         FileNotFoundError: the data set needs files and the folder (or a file) is missing.
     """
-    key = name.lower()
-    if key not in DATASETS:
-        raise ValueError(f"unknown data set {name!r}; known: {', '.join(DATASETS)}")
-    folder = Path(data_dir or ".") if key in SYNTHETIC else config.data_dir(data_dir)
-    return DATASETS[key](folder)
+    if isinstance(source, ClassificationFile):
+        return source.load()
+    dataset = _registered(source)
+    return dataset.load(Path(data_dir or ".") if dataset.synthetic else config.data_dir(data_dir))

@@ -1,4 +1,4 @@
-"""The Showdown data set loaders, their conversions, and the synthetic bandits."""
+"""The Showdown data set loaders, their registry, their conversions, and the synthetic bandits."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 from replay import config
 from replay.bandits import Bandit, MLPBandit, PoolBandit, Stream, WheelBandit
 from replay.conversions import FinancialBandit, class_means, label_codes, one_hot, zscore
-from replay.datasets import DATASETS, SYNTHETIC, load_adult, load_bandit, load_census
+from replay.datafile import ClassificationFile
+from replay.datasets import DATASETS, check_datasets, load_adult, load_bandit, load_census
 
 SUBFOLDERS = {
     "mushroom": "mushroom",
@@ -43,8 +44,9 @@ def load() -> Callable[[str], Bandit]:
 
     def _load(name: str) -> Bandit:
         if name not in cache:
-            folder = Path() if name in SYNTHETIC else _data_folder(SUBFOLDERS[name])
-            cache[name] = DATASETS[name](folder)
+            dataset = DATASETS[name]
+            folder = Path() if dataset.synthetic else _data_folder(SUBFOLDERS[name])
+            cache[name] = dataset.load(folder)
         return cache[name]
 
     return _load
@@ -94,6 +96,50 @@ def test_load_bandit_synthetic_needs_no_folder(
 def test_load_bandit_reads_the_given_folder() -> None:
     bandit = load_bandit("Mushroom", _data_folder("mushroom"))
     assert bandit.name == "mushroom"
+
+
+def test_load_bandit_loads_a_classification_file(tmp_path: Path) -> None:
+    path = tmp_path / "two.csv"
+    path.write_text("0.5,a\n1.5,b\n2.5,a\n")
+    bandit = load_bandit(ClassificationFile(path, -1, "file:two"), tmp_path / "absent")
+    assert (bandit.name, bandit.context_dim, bandit.n_arms) == ("file:two", 1, 2)
+
+
+def test_registry_synthetic_data_sets_are_those_without_files() -> None:
+    assert {name for name, d in DATASETS.items() if d.synthetic} == {"wheel", "mlp"}
+    for name, dataset in DATASETS.items():
+        assert all(not Path(file).is_absolute() for file in dataset.files), name
+
+
+@pytest.mark.parametrize("name", [n for n, d in DATASETS.items() if not d.synthetic])
+def test_registry_lists_every_file_its_loader_reads(name: str, tmp_path: Path) -> None:
+    source = _data_folder(SUBFOLDERS[name])
+    for file in DATASETS[name].files:  # a folder holding those files and nothing else
+        (tmp_path / file).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / file).symlink_to(source / file)
+    assert load_bandit(name, tmp_path).name == name
+
+
+def test_check_datasets_lower_cases_and_drops_repeats(tmp_path: Path) -> None:
+    assert check_datasets(["Wheel", "mlp", "wheel"], tmp_path / "absent") == ("wheel", "mlp")
+
+
+def test_check_datasets_refuses_an_unknown_name_pointing_at_dataset_file() -> None:
+    with pytest.raises(ValueError, match="unknown data set 'vehicle'.*--dataset-file"):
+        check_datasets(["statlog", "vehicle"])
+
+
+def test_check_datasets_names_each_missing_file_and_its_data_set(tmp_path: Path) -> None:
+    (tmp_path / "adult").mkdir()
+    (tmp_path / "adult" / "adult.data").write_text("")
+    with pytest.raises(FileNotFoundError) as error:
+        check_datasets(["adult", "statlog", "wheel"], tmp_path)
+    message = str(error.value)
+    assert "adult/adult.test (adult)" in message
+    assert "statlog_shuttle/shuttle.trn (statlog)" in message
+    assert "adult.data" not in message
+    with pytest.raises(FileNotFoundError, match="absent"):
+        check_datasets(["statlog"], tmp_path / "absent")
 
 
 # --- every data set ------------------------------------------------------------------------
