@@ -68,7 +68,8 @@ from benchmarks.load_report import (
     level_figures,
     parse_metrics,
 )
-from models.rofu_config import ESTIMATORS, SERVED_ESTIMATOR
+from models.presets import PRODUCT
+from models.rofu_config import ESTIMATORS
 from service.runtime import resolve_device
 from service.settings import Settings
 
@@ -108,8 +109,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add(
         "--estimator",
         choices=ESTIMATORS,
-        default=SERVED_ESTIMATOR,
-        help=f"ROFU_ESTIMATOR of the server (default {SERVED_ESTIMATOR}, the service's)",
+        default=PRODUCT.rofu.estimator,
+        help=f"ROFU_ESTIMATOR of the server (default {PRODUCT.rofu.estimator}, the product's)",
     )
     args = parser.parse_args(argv)
     checks = {

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
@@ -14,10 +13,6 @@ from models.validation import check_choice, check_float, check_int
 REGULARISERS = ("dataset", "arm_count")
 BASELINES = ("start", "drift")
 ESTIMATORS = ("exact", "ntk")
-#: The estimator the service serves and the replay's `ROFU` runs (one product, one
-#: default); `RofuConfig`'s own default stays `exact`, the definition. Chosen from the
-#: measurements in benchmarks/RESULTS.md and results/estimators-quick (see README).
-SERVED_ESTIMATOR: Literal["exact", "ntk"] = "ntk"
 
 
 @dataclass(frozen=True)

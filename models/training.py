@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -172,3 +172,51 @@ def _clip(net: RewardNet, max_norm: float | None) -> float:
         norms = [p.grad.norm() for p in net.parameters() if p.grad is not None]
         return float(torch.stack(norms).norm()) if norms else 0.0
     return float(torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm))
+
+
+#: The Deep Bayesian Bandits Showdown's `hparams_rms`: RMSprop, lr 0.1 with inverse-time
+#: decay 0.5 restarted every training call, global-norm clipping at 5, 100 minibatches of
+#: 512 every 50 rounds.
+SHOWDOWN_FIT = FitConfig(
+    steps=100,
+    batch_size=512,
+    optimizer="rmsprop",
+    lr=0.1,
+    lr_schedule="inverse_time",
+    lr_decay=0.5,
+    max_grad_norm=5.0,
+)
+
+
+@dataclass(frozen=True)
+class TrainSchedule:
+    """When a neural policy refits its network on all data seen so far.
+
+    Attributes:
+        every: refit after every `every` new transitions.
+        dense_until: refit after every transition while fewer rows than this are held
+            (NeuralUCB's official code trains every round for the first 2000).
+        fit: how each refit trains (continuing from the current weights).
+        persist: keep each network's optimizer across refits, so Adam's or RMSprop's
+            moment estimates carry over (the learning-rate schedule still restarts);
+            False: a fresh optimizer every refit.
+    """
+
+    every: int = 50
+    dense_until: int = 0
+    fit: FitConfig = field(default_factory=lambda: SHOWDOWN_FIT)
+    persist: bool = False
+
+    def __post_init__(self) -> None:
+        check_int("every", self.every, low=1)
+        check_int("dense_until", self.dense_until, low=0)
+        if not isinstance(self.fit, FitConfig):
+            raise TypeError(f"fit must be a FitConfig, got {type(self.fit).__name__}")
+        if not isinstance(self.persist, bool):
+            raise TypeError(f"persist must be a bool, got {type(self.persist).__name__}")
+
+    def due(self, before: int, after: int) -> bool:
+        """Whether growing the data from `before` to `after` rows triggers a refit."""
+        if after > before and before < self.dense_until:
+            return True
+        return after // self.every > before // self.every

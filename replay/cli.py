@@ -1,6 +1,9 @@
 """`rofu replay`: run a protocol (or parts of it) and write the report; `--http URL`
 plays the streams against a live service instead; `--combine A,B` builds one report at
-`--out` from the reports written in folders A and B (B's cells win where both have one)."""
+`--out` from the reports written in folders A and B (B's cells win where both have one).
+`--dataset-file PATH --label-column N` adds a classification file of your own (numeric
+features; N 0-based, -1 the last column) as a data set. Data sets, their files and the
+policies are checked before anything runs."""
 
 from __future__ import annotations
 
@@ -10,8 +13,13 @@ import shlex
 import sys
 from pathlib import Path
 
-from replay.policies import POLICIES, check_policy_name
-from replay.runner import PROTOCOLS, jobs_for, run_jobs
+from models.presets import PRESETS, PRODUCT
+from replay.datafile import ClassificationFile, DataFileError, default_name, parse_delimiter
+from replay.datasets import DATASETS, check_datasets
+from replay.policies import BUILT_IN, TUNED_PRESETS, check_policy_name
+from replay.runner import PROTOCOLS, Protocol, jobs_for, run_jobs
+
+DEFAULT_OUT = Path("results") / "tmp"  # git-ignored: a default run overwrites no committed report
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
@@ -37,6 +45,28 @@ def _folders(text: str) -> tuple[Path, ...]:
     return tuple(Path(name) for name in _names(text))
 
 
+def _delimiter(text: str) -> str:
+    try:
+        return parse_delimiter(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _presets(text: str) -> dict[str, str]:
+    """`NAME` (every data set; key "*"), `tuned` (TUNED_PRESETS) or `DATASET=NAME,...`."""
+    if text == "tuned":
+        return dict(TUNED_PRESETS)
+    spec: dict[str, str] = {}
+    for item in _names(text):
+        dataset, _, name = item.rpartition("=")
+        if name not in PRESETS:
+            raise argparse.ArgumentTypeError(
+                f"unknown preset {name!r}; known: {', '.join(PRESETS)} (or tuned)"
+            )
+        spec[dataset or "*"] = name
+    return spec
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The options of `rofu replay`."""
     parser = argparse.ArgumentParser(prog="rofu replay", description=__doc__)
@@ -50,9 +80,50 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--policies", type=_names, help="comma-separated (default: all built in)")
     parser.add_argument("--seeds", type=parse_seeds, help="e.g. 0-3 (default: protocol's)")
     parser.add_argument("--rounds", type=int, help="T (default: protocol's)")
+    parser.add_argument(
+        "--preset",
+        type=_presets,
+        default={},
+        metavar="NAME|tuned|DATASET=NAME,...",
+        help="the ROFU preset (models/presets.py) that ROFU, ROFU-exact, ROFU-NTK, their "
+        "variants and Greedy-matched run: one for every data set, `tuned` for each Showdown "
+        "data set's tuned one (TUNED_PRESETS in replay/policies.py), or per data set, e.g. "
+        "mushroom=small-lr,adult=sgd-decay (default: product, the one the service serves)",
+    )
     parser.add_argument("--workers", type=int, default=1, help="parallel worker processes")
-    parser.add_argument("--out", type=Path, help="results folder (default results/<protocol>)")
+    parser.add_argument(
+        "--out", type=Path, help=f"results folder (default {DEFAULT_OUT}/<protocol>, git-ignored)"
+    )
     parser.add_argument("--data-dir", type=Path, help="benchmark data (default ROFU_DATA_DIR)")
+    files = parser.add_argument_group(
+        "a data set of your own",
+        "a classification file: one row per line, numeric features and a label column whose "
+        "distinct values are the arms (reward 1 for the row's class); features z-scored; a "
+        "header line is detected and skipped; .gz is read decompressed",
+    )
+    files.add_argument(
+        "--dataset-file",
+        type=Path,
+        metavar="PATH",
+        help="run this file (and the --datasets, if given, beside it)",
+    )
+    files.add_argument(
+        "--label-column",
+        type=int,
+        metavar="N",
+        help="0-based; negative counts from the end (default -1, the last)",
+    )
+    files.add_argument(
+        "--delimiter",
+        type=_delimiter,
+        help="one character, tab or space (runs of blanks); default: the first of , ; tab | "
+        "in the first line, else blanks",
+    )
+    files.add_argument(
+        "--dataset-name",
+        metavar="NAME",
+        help="its name in run files and reports (default file:<file name without suffix>)",
+    )
     parser.add_argument(
         "--device",
         choices=("auto", "cpu", "cuda"),
@@ -79,17 +150,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     protocol = PROTOCOLS[args.protocol]
-    datasets = args.datasets or protocol.datasets
     seeds = args.seeds or protocol.seeds
     rounds = args.rounds or protocol.rounds
     if rounds < 1 or args.workers < 1:
         parser.error("--rounds and --workers must be >= 1")
     if args.combine:
         return _combine(parser, args, argv)
-    out = args.out or Path("results") / args.protocol
+    out = args.out or DEFAULT_OUT / args.protocol
+    datasets, file = ((), None) if args.report_only else _datasets(parser, args, protocol)
     if args.http:
-        return _http(args.http, datasets, seeds, rounds, out, args.data_dir)
-    policies = args.policies or tuple(POLICIES)
+        return _http(args.http, datasets, file, seeds, rounds, out, args.data_dir)
+    policies = args.policies or BUILT_IN
     for name in policies:
         try:
             check_policy_name(name)
@@ -97,12 +168,13 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(exc))
     if not args.report_only:
         run_jobs(
-            jobs_for(datasets, policies, seeds, rounds),
+            jobs_for(datasets, policies, seeds, rounds, _preset_of(parser, args, datasets)),
             out,
             workers=args.workers,
             data_dir=args.data_dir,
             device=args.device,
             progress=not args.no_progress,
+            files=() if file is None else (file,),
         )
     from replay.report import write_report
 
@@ -120,13 +192,65 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _preset_of(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, datasets: tuple[str, ...]
+) -> dict[str, str]:
+    """The preset each data set's ROFU-family policies run."""
+    spec: dict[str, str] = args.preset
+    unknown = sorted(set(spec) - {"*", *datasets})
+    if unknown and spec != TUNED_PRESETS:
+        parser.error(f"--preset names data sets that do not run: {', '.join(unknown)}")
+    return {d: spec.get(d, spec.get("*", PRODUCT.name)) for d in datasets}
+
+
+def _datasets(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, protocol: Protocol
+) -> tuple[tuple[str, ...], ClassificationFile | None]:
+    """The data sets to run, checked before anything runs: registered names whose files are
+    in the data folder, then the user's classification file, read in full."""
+    file = _dataset_file(parser, args)
+    names = args.datasets or (() if file else protocol.datasets)
+    try:
+        names = check_datasets(names, args.data_dir)
+    except (ValueError, FileNotFoundError) as exc:
+        parser.error(str(exc))
+    return (names, None) if file is None else ((*names, file.name), file)
+
+
+def _dataset_file(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> ClassificationFile | None:
+    options = {
+        "--label-column": args.label_column,
+        "--delimiter": args.delimiter,
+        "--dataset-name": args.dataset_name,
+    }
+    if args.dataset_file is None:
+        given = [flag for flag, value in options.items() if value is not None]
+        if given:
+            parser.error(f"{', '.join(given)}: only with --dataset-file")
+        return None
+    name = args.dataset_name or default_name(args.dataset_file)
+    if name.lower() in DATASETS:
+        parser.error(f"--dataset-name {name!r} is a registered data set's name; pick another")
+    label = -1 if args.label_column is None else args.label_column
+    try:
+        file = ClassificationFile(args.dataset_file, label, name, args.delimiter)
+        file.load()  # read in full now: a bad file is a usage error, not a failed run
+    except DataFileError as exc:
+        parser.error(str(exc))
+    return file
+
+
 def _combine(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]) -> int:
     from replay.combine import combine
 
     if args.out is None:
         parser.error("--combine needs --out, the folder of the combined report")
-    if args.http or args.report_only:
-        parser.error("--combine runs nothing: it goes with neither --http nor --report-only")
+    if args.http or args.report_only or args.dataset_file:
+        parser.error(
+            "--combine runs nothing: it goes with neither --http, --report-only nor --dataset-file"
+        )
     if args.out.resolve() in {folder.resolve() for folder in args.combine}:
         parser.error("--out must be a folder of its own, not one of those combined")
     command = _command(argv)
@@ -156,6 +280,7 @@ def _combine(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: li
 def _http(
     url: str,
     datasets: tuple[str, ...],
+    file: ClassificationFile | None,
     seeds: tuple[int, ...],
     rounds: int,
     out: Path,
@@ -166,7 +291,7 @@ def _http(
 
     figures = []
     for name in datasets:
-        bandit = load_bandit(name, data_dir)
+        bandit = load_bandit(file if file is not None and name == file.name else name, data_dir)
         for seed in seeds:
             run = play(url, bandit, bandit.stream(rounds, seed), seed)
             run.result.save(out / "http" / name / f"seed{seed}-T{rounds}.npz")
@@ -212,7 +337,7 @@ def ope_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ci", choices=("normal", "bootstrap"), default="normal")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dir", type=Path)
-    parser.add_argument("--out", type=Path, default=Path("results") / "ope")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT / "ope")
     args = parser.parse_args(argv)
     run_ope(
         list(args.policies),

@@ -7,10 +7,10 @@ NeuralLinear, Bootstrap, Dropout and ParamNoise; LinUCB with alpha = ridge = 1. 
 deviations, both for compute: NeuralUCB keeps its official network (one hidden layer of
 100), lambda = 1e-3 and nu = 1 but trains 100 SGD minibatches of 64 every 20 rounds
 instead of up to 1000 single-row steps every round; Thompson policies skip the Monte
-Carlo propensity (replay needs no propensities). ROFU's defaults are `ROFU_DEFAULTS`
-(tuned on seeds disjoint from the reported ones; see the replay report), and
-`Greedy-matched` is Greedy with ROFU's network and schedule, the ablation that tells
-exploration apart from training.
+Carlo propensity (replay needs no propensities). ROFU runs a preset of
+`models.presets` (`PRODUCT`, the one the service serves, unless `--preset` names another;
+tuned on seeds disjoint from the reported ones), and `Greedy-matched` is Greedy with the
+preset's network and schedule, the ablation that tells exploration apart from training.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from models import FitConfig, RewardNetConfig, RofuConfig
+from models import FitConfig, RewardNet, RewardNetConfig
 from models.networks import ACTIVATIONS
 from models.policies import (
     SHOWDOWN_FIT,
@@ -39,7 +39,7 @@ from models.policies import (
     TrainSchedule,
     Uniform,
 )
-from models.rofu_config import SERVED_ESTIMATOR
+from models.presets import PRODUCT, RofuPreset
 from models.validation import check_choice
 
 Builder = Callable[[int, int, int, torch.device], Policy]
@@ -50,90 +50,33 @@ NEURALUCB_REPLAY_SCHEDULE = TrainSchedule(
 )
 
 
-@dataclass(frozen=True)
-class RofuDefaults:
-    """ROFU's network, estimator and training schedule in the replay harness."""
+#: ROFU's preset with either estimator named explicitly (`ROFU` takes the preset's own).
+ESTIMATOR_FLAVOURS = {"ROFU-exact": "exact", "ROFU-NTK": "ntk"}
+#: The policies a preset applies to: ROFU, its flavours and the matched ablation.
+PRESET_POLICIES = ("ROFU", *ESTIMATOR_FLAVOURS, "Greedy-matched")
 
-    hidden: tuple[int, ...] = (100,)
-    activation: str = "relu"
-    init_scale: float = 0.0  # 0: PyTorch's default initialisation
-    # Frozen after results/tuning (Statlog, Mushroom, Financial; seeds 1000-1001, T = 2000;
-    # disjoint from every reported seed): the authors' arm-count weighting and the drift
-    # baseline had the lowest mean normalised regret. M = 5, eta = 1, step 0.01 as the paper.
-    rofu: RofuConfig = dataclasses.field(
-        default_factory=lambda: RofuConfig(
-            regulariser="arm_count", baseline="drift", estimator=SERVED_ESTIMATOR
-        )
-    )
-    # persist (one Adam kept across refits instead of a fresh one each round), frozen after
-    # results/tuning-persist (Statlog seeds 1000-1001, Financial seed 1000, T = 20 000): mean
-    # regret 184.5 vs 219.5 on Statlog, 183.7 vs 177.9 on Financial; a thin margin.
-    schedule: TrainSchedule = dataclasses.field(
-        default_factory=lambda: TrainSchedule(
-            every=1,
-            fit=FitConfig(steps=10, batch_size=256, optimizer="adam", lr=1e-3),
-            persist=True,
-        )
-    )
-
-    def net(self, context_dim: int, n_arms: int, seed: int) -> RewardNetConfig:
-        """The network these defaults build for a bandit's shape."""
-        return RewardNetConfig(
-            context_dim=context_dim,
-            n_arms=n_arms,
-            hidden=self.hidden,
-            activation=self.activation,
-            init_scale=self.init_scale,
-            seed=seed,
-        )
-
-
-ROFU_DEFAULTS = RofuDefaults()
-#: ROFU-exact and ROFU-NTK: the same defaults with either estimator named explicitly
-#: (`ROFU` itself takes RofuConfig's default estimator, the one the service serves).
-EXACT_ROFU = dataclasses.replace(ROFU_DEFAULTS.rofu, estimator="exact")
-NTK_ROFU = dataclasses.replace(ROFU_DEFAULTS.rofu, estimator="ntk")
+#: The presets the Showdown's data sets were tuned to, on tuning seeds only (the reasons
+#: are in models.presets). `--preset tuned` applies them; nothing applies them by name alone.
+TUNED_PRESETS: dict[str, str] = {
+    "mushroom": "small-lr",
+    "covertype": "sgd-decay",
+    "adult": "sgd-decay",
+    "financial": "linear",
+    "jester": "linear",
+}
 
 LEARNERS = {
-    "rofu": ROFU_DEFAULTS,
+    "rofu": PRODUCT,
     # ROFU's estimator on the Showdown baselines' learner: ROFU against Greedy is then
     # exploration alone.
     "showdown": dataclasses.replace(
-        ROFU_DEFAULTS, hidden=(50,), init_scale=0.3, schedule=SHOWDOWN_SCHEDULE
+        PRODUCT, name="showdown-learner", hidden=(50,), init_scale=0.3, schedule=SHOWDOWN_SCHEDULE
     ),
     # NeuralUCB's learner here (same network, SGD with weight decay every 20 rounds): ROFU
     # against NeuralUCB is then exploration alone.
-    "neuralucb": dataclasses.replace(ROFU_DEFAULTS, schedule=NEURALUCB_REPLAY_SCHEDULE),
-}
-
-# The paper tuned ROFU on Statlog and reused it everywhere "except mushroom, because the
-# reward scale of mushroom is much larger". Ours likewise: Mushroom's rewards (+5, or -35 / +5
-# on a coin) are noisy and large, and ROFU's refit (a fresh Adam every round, whose first
-# steps have size lr whatever the gradient's noise) never lets its network settle there.
-# Frozen after results/tuning-mushroom (seeds 1000-1001, T = 20 000); ROFU and
-# Greedy-matched both take it, so the ablation still isolates exploration.
-# Persist (the default, tuned after Mushroom's setting) was checked on Mushroom's tuning
-# seeds afterwards (results/tuning-mushroom-persist, T = 20 000): with fit_lr=0.0001 it gives
-# 2 895 and 2 650 against 3 095 and 4 485 with a fresh Adam per refit, so Mushroom now keeps
-# it like every other data set; at the default lr 1e-3 it gives 13 915 and 8 600.
-# Covertype and Adult take NeuralUCB's optimizer (SGD, lr 0.01, weight decay 1e-3) on ROFU's
-# every-round refit, frozen after results/tuning-learner (tuning seeds): Covertype 5 608 and
-# 5 777 against 7 289 for the default on seed 1000, Adult 13 913 against 16 384 on seed 1000.
-# It is not the default everywhere: on Financial's tuning seeds it cost 1.6x (292.8 vs 183.7,
-# all of it early), on Statlog it was level.
-# Financial and Jester take a linear network (identity activation; the rest of the learner
-# as the default), frozen on tuning seeds 1000-1001 at T = 20 000. Financial
-# (results/tuning-financial-act): 81.7 and 78.0 against 185.2 and 199.5 for the default and
-# 93.2 and 122.6 for LinUCB; tanh, screened alongside, 172.0 and 118.6. Financial's rewards
-# are linear by construction. Jester (results/tuning-jester-act): 62 960 and 63 555 against
-# 72 113 and 67 330 for the default and 62 972 and 63 069 for LinUCB.
-SGD_WITH_WEIGHT_DECAY = "fit_opt=sgd+fit_lr=0.01+wd=0.001"
-ROFU_DATASET_OVERRIDES: dict[str, str] = {
-    "mushroom": "fit_lr=0.0001",
-    "covertype": SGD_WITH_WEIGHT_DECAY,
-    "adult": SGD_WITH_WEIGHT_DECAY,
-    "financial": "act=identity",
-    "jester": "act=identity",
+    "neuralucb": dataclasses.replace(
+        PRODUCT, name="neuralucb-learner", schedule=NEURALUCB_REPLAY_SCHEDULE
+    ),
 }
 
 
@@ -191,22 +134,15 @@ def _neural_ucb(d: int, a: int, seed: int, device: torch.device) -> Policy:
     return NeuralUCB(config, NEURALUCB_REPLAY_SCHEDULE, z="diag", device=device, seed=seed)
 
 
-def _matched_greedy(
-    defaults: RofuDefaults, d: int, a: int, seed: int, device: torch.device
-) -> Policy:
+def _matched_greedy(preset: RofuPreset, d: int, a: int, seed: int, device: torch.device) -> Policy:
     """Greedy with ROFU's own network and training schedule: the ablation that separates
     what ROFU's exploration adds from what its training does."""
-    return Greedy(defaults.net(d, a, seed), defaults.schedule, device=device, seed=seed)
+    return Greedy(preset.net(d, a, seed), preset.schedule, device=device, seed=seed)
 
 
-def rofu_builder(defaults: RofuDefaults) -> Builder:
-    """A ROFU builder at the given defaults (the tuner builds many)."""
-
-    def build(d: int, a: int, seed: int, device: torch.device) -> Policy:
-        net = defaults.net(d, a, seed)
-        return RofuPolicy(net, defaults.schedule, rofu=defaults.rofu, device=device, seed=seed)
-
-    return build
+def _rofu(preset: RofuPreset, d: int, a: int, seed: int, device: torch.device) -> Policy:
+    net = preset.net(d, a, seed)
+    return RofuPolicy(net, preset.schedule, rofu=preset.rofu, device=device, seed=seed)
 
 
 POLICIES: dict[str, Builder] = {
@@ -219,19 +155,6 @@ POLICIES: dict[str, Builder] = {
     "Bootstrap": _bootstrap,
     "Dropout": _dropout,
     "ParamNoise": _param_noise,
-    "ROFU": rofu_builder(ROFU_DEFAULTS),
-    "ROFU-exact": rofu_builder(dataclasses.replace(ROFU_DEFAULTS, rofu=EXACT_ROFU)),
-    "ROFU-NTK": rofu_builder(dataclasses.replace(ROFU_DEFAULTS, rofu=NTK_ROFU)),
-    "Greedy-matched": lambda d, a, seed, device: _matched_greedy(ROFU_DEFAULTS, d, a, seed, device),
-}
-
-
-#: ROFU's flavours that take a data set's own setting: the variant keys each adds.
-ROFU_FLAVOURS = {
-    "ROFU": "",
-    "ROFU-exact": "est=exact",
-    "ROFU-NTK": "est=ntk",
-    "Greedy-matched": "",
 }
 
 
@@ -271,14 +194,18 @@ VARIANT_KEYS: dict[str, tuple[str, str, Callable[[str], object]]] = {
 }
 
 
+#: Every policy `rofu replay` runs when `--policies` names none.
+BUILT_IN = (*POLICIES, *PRESET_POLICIES)
 VARIANT_PREFIXES = ("ROFU@", "Greedy-matched@")
 VW_ANCHORS = ("VW-SquareCB", "VW-EpsilonGreedy")
-KNOWN = ", ".join([*POLICIES, *VW_ANCHORS, *(f"{p}<overrides>" for p in VARIANT_PREFIXES)])
+KNOWN = ", ".join(
+    [*POLICIES, *PRESET_POLICIES, *VW_ANCHORS, *(f"{p}<overrides>" for p in VARIANT_PREFIXES)]
+)
 
 
 def check_policy_name(name: str) -> None:
     """Raise ValueError unless `name` is a built-in policy, a VW anchor or a valid variant."""
-    if name in POLICIES or name in VW_ANCHORS:
+    if name in POLICIES or name in PRESET_POLICIES or name in VW_ANCHORS:
         return
     if name.startswith(VARIANT_PREFIXES):
         rofu_variant(name)  # raises on an unknown key or a bad value
@@ -286,16 +213,15 @@ def check_policy_name(name: str) -> None:
     raise ValueError(f"unknown policy {name!r}; known: {KNOWN}")
 
 
-def rofu_variant(spec: str) -> RofuDefaults:
-    """ROFU_DEFAULTS with overrides, from a name like `ROFU@eta=0.1+reg=arm_count+hidden=100x100`
+def rofu_variant(spec: str, base: RofuPreset = PRODUCT) -> RofuPreset:
+    """`base` with overrides, from a name like `ROFU@eta=0.1+reg=arm_count+hidden=100x100`
     (`Greedy-matched@...` takes the same overrides for its network and schedule).
 
     Keys: those of VARIANT_KEYS (hidden: widths joined by x) and learner (`showdown`: the
     Showdown baselines' network and schedule; `neuralucb`: NeuralUCB's schedule here; the
-    other keys still override either).
+    other keys still override either). The result is named after `spec`.
     """
     _, _, overrides = spec.partition("@")
-    base = ROFU_DEFAULTS
     changes: dict[str, dict[str, object]] = {"rofu": {}, "fit": {}, "schedule": {}, "net": {}}
     for item in filter(None, overrides.split("+")):
         key, _, value = item.partition("=")
@@ -314,7 +240,22 @@ def rofu_variant(spec: str) -> RofuDefaults:
     fit = dataclasses.replace(base.schedule.fit, **changes["fit"])  # type: ignore[arg-type]
     schedule = dataclasses.replace(base.schedule, fit=fit, **changes["schedule"])  # type: ignore[arg-type]
     rofu = dataclasses.replace(base.rofu, **changes["rofu"])  # type: ignore[arg-type]
-    return dataclasses.replace(base, rofu=rofu, schedule=schedule, **changes["net"])  # type: ignore[arg-type]
+    name = base.name if not overrides else f"{base.name}+{overrides}"
+    return dataclasses.replace(base, name=name, rofu=rofu, schedule=schedule, **changes["net"])  # type: ignore[arg-type]
+
+
+def resolve_preset(name: str, preset: RofuPreset = PRODUCT) -> RofuPreset | None:
+    """The preset policy `name` runs with `preset` given (None: a policy without one)."""
+    if name == "ROFU" or name == "Greedy-matched":
+        return preset
+    if name in ESTIMATOR_FLAVOURS:
+        return dataclasses.replace(
+            preset,
+            rofu=dataclasses.replace(preset.rofu, estimator=ESTIMATOR_FLAVOURS[name]),
+        )
+    if name.startswith(VARIANT_PREFIXES):
+        return rofu_variant(name, preset)
+    return None
 
 
 def build_policy(
@@ -324,27 +265,42 @@ def build_policy(
     seed: int,
     device: torch.device,
     *,
-    bandit: str | None = None,
+    preset: RofuPreset = PRODUCT,
 ) -> Policy:
     """A fresh policy by name (the VW anchors when `vowpalwabbit` is installed).
 
-    On a `bandit` listed in ROFU_DATASET_OVERRIDES, `ROFU`, its flavours (`ROFU-exact`,
-    `ROFU-NTK`) and `Greedy-matched` take its overrides (Mushroom, the paper's exception;
-    Covertype, Adult, Financial and Jester).
+    `ROFU`, its flavours (`ROFU-exact`, `ROFU-NTK`), their variants and `Greedy-matched`
+    run `preset`; the other policies have their own fixed settings.
     """
-    if name in ROFU_FLAVOURS and bandit in ROFU_DATASET_OVERRIDES:
-        base = "Greedy-matched" if name == "Greedy-matched" else "ROFU"
-        keys = filter(None, (ROFU_DATASET_OVERRIDES[bandit], ROFU_FLAVOURS[name]))
-        name = f"{base}@{'+'.join(keys)}"
+    resolved = resolve_preset(name, preset)
+    if resolved is not None:
+        if name.startswith("Greedy-matched"):
+            return _matched_greedy(resolved, context_dim, n_arms, seed, device)
+        return _rofu(resolved, context_dim, n_arms, seed, device)
     if name in POLICIES:
         return POLICIES[name](context_dim, n_arms, seed, device)
-    if name.startswith("ROFU@"):
-        return rofu_builder(rofu_variant(name))(context_dim, n_arms, seed, device)
-    if name.startswith("Greedy-matched@"):
-        return _matched_greedy(rofu_variant(name), context_dim, n_arms, seed, device)
     if name in VW_ANCHORS:
         from replay import vw  # the optional `vw` extra
 
         anchor = vw.VowpalWabbitSquareCB if name == "VW-SquareCB" else vw.VowpalWabbitEpsilonGreedy
         return anchor(context_dim, n_arms, seed=seed)
     raise ValueError(f"unknown policy {name!r}; known: {KNOWN}")
+
+
+def configuration(policy: object, preset: RofuPreset | None = None) -> dict[str, Any]:
+    """What a built policy runs with, read off the object: its class, its network, its
+    dataclass settings and plain numbers (and the preset's name and settings, if any)."""
+    record: dict[str, Any] = {"class": type(policy).__name__}
+    for key, value in sorted(vars(policy).items()):
+        if key.startswith("_"):
+            continue
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            record[key] = dataclasses.asdict(value)
+        elif isinstance(value, bool | int | float | str):
+            record[key] = value
+    net = getattr(policy, "net", None)
+    if isinstance(net, RewardNet):
+        record["net"] = dataclasses.asdict(net.config)
+    if preset is not None:
+        record["preset"] = preset.as_dict()
+    return record

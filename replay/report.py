@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
@@ -54,6 +55,7 @@ class Cell:
     wilcoxon_p: float = math.nan  # paired test against ROFU over common seeds
     finals: list[float] = field(default_factory=list)  # per seed, in the order of `seeds`
     source: str = ""  # the report folder a combined report took the cell from
+    preset: str = ""  # the ROFU preset its runs recorded (models.presets); "" for others
 
     @property
     def has_finals(self) -> bool:
@@ -65,10 +67,18 @@ def collect(out: Path, rounds: int | None = None) -> dict[str, dict[str, list[Ru
     """Every saved run under `out/runs`, by bandit then policy (optionally one T only)."""
     results: dict[str, dict[str, list[RunResult]]] = defaultdict(lambda: defaultdict(list))
     for path in sorted((out / "runs").glob("*/*/seed*-T*.npz")):
-        if rounds is not None and not path.stem.endswith(f"-T{rounds}"):
+        # seed<s>-T<rounds>.npz, or seed<s>-T<rounds>-<preset>.npz for a non-product preset
+        found = re.fullmatch(r"seed\d+-T(\d+)(-.+)?", path.stem)
+        if found is None or (rounds is not None and int(found.group(1)) != rounds):
             continue
         run = RunResult.load(path)
-        results[run.bandit][run.policy].append(run)
+        runs = results[run.bandit][run.policy]
+        if any(other.seed == run.seed and other.rounds == run.rounds for other in runs):
+            raise ValueError(
+                f"{out}: two runs of {run.policy} on {run.bandit}, seed {run.seed}, "
+                f"T = {run.rounds} (different presets); a report takes one: use a fresh --out"
+            )
+        runs.append(run)
     return {b: dict(p) for b, p in results.items()}
 
 
@@ -102,6 +112,7 @@ def summarise(results: dict[str, dict[str, list[RunResult]]]) -> dict[str, dict[
                 rounds=runs[0].rounds,
                 seconds_per_round=float(np.mean([r.seconds / r.rounds for r in runs])),
                 finals=[float(v) for v in values],
+                preset=", ".join(sorted({r.preset for r in runs if r.preset})),
             )
         table[bandit] = compare(cells)
     return table
@@ -205,6 +216,22 @@ def seed_ranges(seeds: list[int]) -> str:
     return ", ".join(f"{p[0]}-{p[-1]}" if len(p) > 1 else str(p[0]) for p in parts)
 
 
+def _cell_text(cell: Cell | None, value: str) -> str:
+    if cell is None:
+        return "-"
+    if value == "raw":
+        return f"{cell.mean:.1f} +- {_fmt(cell.sem, 1)}"
+    if value == "time":
+        return f"{1000 * cell.seconds_per_round:.2f}"
+    if value == "runs":
+        return f"{len(cell.seeds)} x T={cell.rounds} (seeds {seed_ranges(cell.seeds)})"
+    if value == "source":
+        return f"`{cell.source}`"
+    if value == "preset":
+        return f"`{cell.preset}`" if cell.preset else "-"
+    return _fmt(getattr(cell, value), 3 if value == "wilcoxon_p" else 2)
+
+
 def markdown(table: dict[str, dict[str, Cell]], title: str, preamble: str = "") -> str:
     """The report as Markdown tables."""
     bandits = sorted(table)
@@ -221,24 +248,13 @@ def markdown(table: dict[str, dict[str, Cell]], title: str, preamble: str = "") 
             ]
         )
         for policy in policies:
-            row = [cell_text(table[b].get(policy), value) for b in bandits]
+            row = [_cell_text(table[b].get(policy), value) for b in bandits]
             lines.append(f"| {policy} | " + " | ".join(row) + " |")
         lines.append("")
 
-    def cell_text(cell: Cell | None, value: str) -> str:
-        if cell is None:
-            return "-"
-        if value == "raw":
-            return f"{cell.mean:.1f} +- {_fmt(cell.sem, 1)}"
-        if value == "time":
-            return f"{1000 * cell.seconds_per_round:.2f}"
-        if value == "runs":
-            return f"{len(cell.seeds)} x T={cell.rounds} (seeds {seed_ranges(cell.seeds)})"
-        if value == "source":
-            return f"`{cell.source}`"
-        return _fmt(getattr(cell, value), 3 if value == "wilcoxon_p" else 2)
-
     grid("Runs behind each cell: seeds x rounds", "runs")
+    if any(c.preset for cells in table.values() for c in cells.values()):
+        grid("ROFU preset each cell ran (models/presets.py; - for other policies)", "preset")
     if any(c.source for cells in table.values() for c in cells.values()):
         grid("Report each cell is taken from", "source")
     grid("Final cumulative pseudo-regret, mean +- s.e.m.", "raw")

@@ -13,7 +13,7 @@ import ctypes
 import os
 import signal
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from functools import lru_cache
@@ -23,7 +23,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from models.presets import PRODUCT, get_preset
 from replay.bandits import Bandit
+from replay.datafile import ClassificationFile
 from replay.simulate import RunResult, simulate
 
 
@@ -53,42 +55,66 @@ class Job:
     policy: str
     seed: int
     rounds: int
+    preset: str = PRODUCT.name  # ROFU's preset (models.presets) for ROFU-family policies
 
     def path(self, out: Path) -> Path:
-        """Where its result goes."""
-        return out / "runs" / self.bandit / self.policy / f"seed{self.seed}-T{self.rounds}.npz"
+        """Where its result goes (a preset other than the product's is in the name)."""
+        tag = "" if self.preset == PRODUCT.name else f"-{self.preset}"
+        name = f"seed{self.seed}-T{self.rounds}{tag}.npz"
+        return out / "runs" / self.bandit / self.policy / name
 
 
 def jobs_for(
-    datasets: Iterable[str], policies: Iterable[str], seeds: Iterable[int], rounds: int
+    datasets: Iterable[str],
+    policies: Iterable[str],
+    seeds: Iterable[int],
+    rounds: int,
+    presets: Mapping[str, str] | None = None,
 ) -> list[Job]:
-    """Every combination, data set by data set."""
-    return [Job(d, p, s, rounds) for d in datasets for s in seeds for p in policies]
+    """Every combination, data set by data set; `presets` maps a data set to the preset its
+    ROFU-family policies run (the product's where it names none)."""
+    from replay.policies import resolve_preset
+
+    def preset(dataset: str, policy: str) -> str:
+        if resolve_preset(policy) is None:
+            return PRODUCT.name
+        return (presets or {}).get(dataset, PRODUCT.name)
+
+    return [Job(d, p, s, rounds, preset(d, p)) for d in datasets for s in seeds for p in policies]
 
 
 @lru_cache(maxsize=4)
-def _bandit(name: str, data_dir: str | None) -> Bandit:
+def _bandit(source: str | ClassificationFile, data_dir: str | None) -> Bandit:
     from replay.datasets import load_bandit
 
-    return load_bandit(name, None if data_dir is None else Path(data_dir))
+    return load_bandit(source, None if data_dir is None else Path(data_dir))
 
 
-def run_job(job: Job, out: Path, data_dir: str | None, device: str) -> Path:
-    """Run one job and write its file (in a worker process or in-process)."""
-    from replay.policies import build_policy
+def run_job(
+    job: Job,
+    out: Path,
+    data_dir: str | None,
+    device: str,
+    file: ClassificationFile | None = None,
+) -> Path:
+    """Run one job and write its file (in a worker process or in-process); `file` is the
+    user's classification file when the job's data set is it."""
+    from replay.policies import build_policy, configuration, resolve_preset
 
-    bandit = _bandit(job.bandit, data_dir)
+    bandit = _bandit(job.bandit if file is None else file, data_dir)
     stream = bandit.stream(job.rounds, job.seed)
+    preset = get_preset(job.preset)
     policy = build_policy(
         job.policy,
         bandit.context_dim,
         bandit.n_arms,
         job.seed,
         torch.device(device),
-        bandit=job.bandit,
+        preset=preset,
     )
+    config = configuration(policy, resolve_preset(job.policy, preset))
     result: RunResult = simulate(
-        policy, stream, bandit=job.bandit, policy_name=job.policy, seed=job.seed
+        policy, stream, bandit=job.bandit, policy_name=job.policy, seed=job.seed, config=config
     )
     path = job.path(out)
     result.save(path)
@@ -123,11 +149,17 @@ def run_jobs(
     data_dir: Path | None = None,
     device: str = "cpu",
     progress: bool = True,
+    files: Sequence[ClassificationFile] = (),
 ) -> list[Path]:
-    """Run every job whose result file is missing; return every job's result path."""
+    """Run every job whose result file is missing; return every job's result path.
+
+    A job whose data set is named like one of `files` (the user's classification files)
+    runs on that file; the others on the registered data set of their name.
+    """
     device = resolve_device(device)
     todo = [job for job in jobs if not job.path(out).exists()]
     folder = None if data_dir is None else str(data_dir)
+    by_name = {file.name: file for file in files}
     bar = tqdm(
         total=len(jobs),
         initial=len(jobs) - len(todo),
@@ -139,7 +171,7 @@ def run_jobs(
         if workers <= 1:
             for job in todo:
                 bar.set_postfix_str(f"{job.bandit}/{job.policy}/seed{job.seed}")
-                run_job(job, out, folder, device)
+                run_job(job, out, folder, device, by_name.get(job.bandit))
                 bar.update()
         else:
             threads = max(1, (os.cpu_count() or 1) // workers)
@@ -149,7 +181,10 @@ def run_jobs(
                 initializer=_init_worker,
                 initargs=(threads,),
             ) as pool:
-                futures = [pool.submit(run_job, job, out, folder, device) for job in todo]
+                futures = [
+                    pool.submit(run_job, job, out, folder, device, by_name.get(job.bandit))
+                    for job in todo
+                ]
                 try:
                     for future in as_completed(futures):
                         future.result()  # a failed job stops the protocol with its error

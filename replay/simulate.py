@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,11 +36,20 @@ class RunResult:
     regret: np.ndarray  # (T,) realised per-round regret
     pseudo_regret: np.ndarray  # (T,) expected per-round regret
     seconds: float  # wall time of the whole run (select + update)
+    # What ran: the policy's class, network and settings (`replay.policies.configuration`);
+    # None in files written before 2026-11-25, which recorded none.
+    config: dict[str, Any] | None = None
 
     @property
     def rounds(self) -> int:
         """T."""
         return int(self.arms.shape[0])
+
+    @property
+    def preset(self) -> str:
+        """The ROFU preset the run recorded ("" for other policies and older files)."""
+        preset = (self.config or {}).get("preset")
+        return str(preset["name"]) if isinstance(preset, dict) else ""
 
     @property
     def final_regret(self) -> float:
@@ -59,6 +69,7 @@ class RunResult:
             "policy": self.policy,
             "seed": self.seed,
             "seconds": self.seconds,
+            "config": self.config,
         }
         partial = path.with_name(path.name + ".partial.npz")
         np.savez_compressed(
@@ -83,6 +94,7 @@ class RunResult:
                 archive["regret"],
                 archive["pseudo_regret"],
                 float(meta["seconds"]),
+                meta.get("config"),
             )
 
 
@@ -95,6 +107,7 @@ def simulate(
     seed: int = 0,
     warm_start: int = WARM_START,
     on_round: Callable[[int], None] | None = None,
+    config: dict[str, Any] | None = None,
 ) -> RunResult:
     """Play every round of `stream` with `policy` (which learns as it goes)."""
     n_arms = stream.rewards.shape[1]
@@ -113,6 +126,5 @@ def simulate(
     rows = np.arange(stream.rounds)
     regret = stream.rewards.max(axis=1) - stream.rewards[rows, arms]
     pseudo = stream.means.max(axis=1) - stream.means[rows, arms]
-    return RunResult(
-        bandit, policy_name or getattr(policy, "name", ""), seed, arms, regret, pseudo, seconds
-    )
+    name = policy_name or getattr(policy, "name", "")
+    return RunResult(bandit, name, seed, arms, regret, pseudo, seconds, config)

@@ -9,6 +9,7 @@ needed the failed step.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -182,12 +183,7 @@ def _replay(stored: DecisionRow, digest: str) -> Result:
 
 
 def _row(pending: Pending, job: SelectJob, outcome: SelectOutcome) -> DecisionRow:
-    scores = {
-        arm.id: None
-        if outcome.scores is None
-        else [outcome.scores[arm.id].mean, outcome.scores[arm.id].bonus, outcome.scores[arm.id].ucb]
-        for arm in job.candidates
-    }
+    scores = [dataclasses.asdict(score) for score in outcome.scores]  # candidates' order
     return DecisionRow(
         event_id=pending.body.event_id or uuid.uuid4().hex,
         context=list(job.context),

@@ -8,24 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Protocol
 
+from models.scores import ArmScore
 from service.batcher import MicroBatcher
 from service.db.tables import DecisionRow
 from service.decision_batch import Pending, Result
 from service.errors import InvalidInput
 from service.metrics import ServiceMetrics
-from service.schemas import ArmScore, SelectRequest, SelectResponse
+from service.schemas import SelectRequest, SelectResponse
 from service.settings import Settings
-
-
-class DecisionContext(Protocol):
-    """What deciding needs from the runtime."""
-
-    context_dim: int
-    settings: Settings
-    batcher: MicroBatcher[Pending, Result]
-    metrics: ServiceMetrics
 
 
 def request_hash(body: SelectRequest) -> str:
@@ -42,14 +33,19 @@ def request_hash(body: SelectRequest) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-async def decide(runtime: DecisionContext, body: SelectRequest) -> SelectResponse:
+async def decide(
+    body: SelectRequest,
+    settings: Settings,
+    batcher: MicroBatcher[Pending, Result],
+    metrics: ServiceMetrics,
+) -> SelectResponse:
     """Answer one /select request (the batch looks its key up, scores and stores it)."""
-    _check_context(body.context, runtime.context_dim, runtime.settings.max_abs_feature)
-    result = await runtime.batcher.submit(Pending(body, request_hash(body)))
+    _check_context(body.context, settings.context_dim, settings.max_abs_feature)
+    result = await batcher.submit(Pending(body, request_hash(body)))
     if isinstance(result, Exception):
         raise result
     if result.created:
-        runtime.metrics.selections.labels(result.row.arm_id, result.row.policy).inc()
+        metrics.selections.labels(result.row.arm_id, result.row.policy).inc()
     return response(result.row)
 
 
@@ -65,13 +61,23 @@ def _check_context(context: list[float], dim: int, limit: float) -> None:
         )
 
 
+def stored_scores(row: DecisionRow) -> list[ArmScore]:
+    """A decision row's per-candidate scores, in the candidates' order.
+
+    Rows hold a list of `ArmScore` objects; rows written before 2026-11-25 hold a dict of
+    arm id -> [mean, bonus, ucb] (null on a cold start), read the same way.
+    """
+    if isinstance(row.scores, list):
+        return [ArmScore(**score) for score in row.scores]
+    legacy = [row.scores.get(arm) for arm in row.candidates]
+    return [
+        ArmScore.unscored(arm) if values is None else ArmScore(arm, *values)
+        for arm, values in zip(row.candidates, legacy, strict=True)
+    ]
+
+
 def response(row: DecisionRow) -> SelectResponse:
     """The API view of a stored decision."""
-    scores = []
-    for arm_id in row.candidates:
-        values = row.scores.get(arm_id)
-        mean, bonus, ucb = values if values is not None else (None, None, None)
-        scores.append(ArmScore(arm=arm_id, mean=mean, bonus=bonus, ucb=ucb))
     return SelectResponse(
         event_id=row.event_id,
         arm=row.arm_id,
@@ -79,5 +85,5 @@ def response(row: DecisionRow) -> SelectResponse:
         propensity=row.propensity,
         explore=row.explore,
         policy=row.policy,
-        scores=scores,
+        scores=stored_scores(row),
     )

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from models.scores import ArmScore
 from service.settings import ARM_ID_PATTERN
 
 EVENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$"
@@ -54,15 +55,6 @@ class SelectRequest(_Strict):
     )
 
 
-class ArmScore(BaseModel):
-    """ROFU's estimates for one candidate arm (null on a cold start)."""
-
-    arm: str
-    mean: float | None
-    bonus: float | None
-    ucb: float | None
-
-
 class SelectResponse(BaseModel):
     """The decision, and the scores it was made from."""
 
@@ -72,7 +64,7 @@ class SelectResponse(BaseModel):
     propensity: float = Field(description="Probability with which this arm was chosen")
     explore: bool
     policy: str = Field(description="`rofu`, or `cold-start` (uniform) before any model")
-    scores: list[ArmScore]
+    scores: list[ArmScore]  # per candidate; mean, bonus and ucb null on a cold start
 
 
 class RewardRequest(_Strict):

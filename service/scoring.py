@@ -8,9 +8,10 @@ from dataclasses import dataclass
 import torch
 
 from models import RofuConfig, Scores, rofu_scores
-from models.policies.base import greedy_decision, uniform_decision
+from models.policies.base import rofu_decide
 from models.rofu import NtkBasis, ntk_basis
 from models.rofu_graphs import GraphedExact
+from models.scores import ArmScore, Decision
 from service.catalogue import Arm, CatalogueCache
 from service.snapshot import Snapshot, SnapshotHolder
 
@@ -36,15 +37,6 @@ class SelectJob:
 
 
 @dataclass(frozen=True)
-class ArmScores:
-    """Per candidate arm: mean, bonus and ucb = mean + bonus."""
-
-    mean: float
-    bonus: float
-    ucb: float
-
-
-@dataclass(frozen=True)
 class SelectOutcome:
     """The choice for one job and what it was made from."""
 
@@ -52,7 +44,7 @@ class SelectOutcome:
     propensity: float
     model_version: int
     policy: str
-    scores: dict[str, ArmScores] | None  # None on a cold start
+    scores: list[ArmScore]  # per candidate, in the job's order (unscored on a cold start)
 
 
 class Scorer:
@@ -85,24 +77,27 @@ class Scorer:
         range that the network overflows): it cannot be decided, and must not be logged.
         """
         snapshot = self._holder.current  # one snapshot for the whole batch
-        if snapshot is None:
-            return [self._cold_start(job) for job in jobs]
         catalogue = self._catalogue.current  # at least as new as the jobs' candidates
-        n_slots = snapshot.net.config.n_arms or catalogue.n_slots
-        device = next(snapshot.net.parameters()).device
-        mask = torch.zeros(len(jobs), n_slots, dtype=torch.bool)
+        n_slots = catalogue.n_slots if snapshot is None else snapshot.net.config.n_arms
+        mask = torch.zeros(len(jobs), n_slots or catalogue.n_slots, dtype=torch.bool)
         for row, job in enumerate(jobs):
             mask[row, [arm.slot for arm in job.candidates]] = True
+        if snapshot is None:
+            decision = rofu_decide(None, mask, self._generator)
+            return [self._outcome(job, decision, row, None, 0) for row, job in enumerate(jobs)]
+        device = next(snapshot.net.parameters()).device
         features = None
         if self._arm_feature_dim:
             features = catalogue.feature_table(self._arm_feature_dim).to(device)
         contexts = torch.tensor([job.context for job in jobs], dtype=torch.float32)
-        scores = self._scores(snapshot, contexts.to(device), mask, features)
-        mean, bonus = scores.mean.cpu().double(), scores.bonus.cpu().double()
-        finite = (torch.isfinite(mean) & torch.isfinite(bonus)) | ~mask
+        raw = self._scores(snapshot, contexts.to(device), mask, features)
+        scores = Scores(raw.mean.cpu().double(), raw.bonus.cpu().double())
+        finite = ((torch.isfinite(scores.mean) & torch.isfinite(scores.bonus)) | ~mask).all(1)
+        explore = torch.tensor([job.explore for job in jobs])
+        decision = rofu_decide(scores, mask, self._generator, explore=explore)
         return [
-            self._choose(job, mean[row], bonus[row], mask[row], snapshot.version)
-            if bool(finite[row].all())
+            self._outcome(job, decision, row, scores, snapshot.version)
+            if bool(finite[row])
             else None
             for row, job in enumerate(jobs)
         ]
@@ -164,44 +159,23 @@ class Scorer:
         built = self._cached(snapshot, features)
         return built if isinstance(built, GraphedExact) else None
 
-    def _choose(
+    def _outcome(
         self,
         job: SelectJob,
-        mean: torch.Tensor,
-        bonus: torch.Tensor,
-        mask: torch.Tensor,
+        decision: Decision,
+        row: int,
+        scores: Scores | None,
         version: int,
     ) -> SelectOutcome:
+        """Job `row`'s choice; scores None on a cold start."""
         by_slot = {arm.slot: arm for arm in job.candidates}
-        used_bonus = bonus if job.explore else torch.zeros_like(bonus)
-        decision = greedy_decision(
-            Scores(mean[None], used_bonus[None]), mask[None], self._generator
-        )
-        per_arm = {
-            arm.id: ArmScores(
-                float(mean[arm.slot]),
-                float(bonus[arm.slot]),
-                float(mean[arm.slot] + bonus[arm.slot]),
-            )
-            for arm in job.candidates
-        }
+        slots = [(arm.slot, arm.id) for arm in job.candidates]
         return SelectOutcome(
-            arm=by_slot[int(decision.arms[0])],
-            propensity=float(decision.propensity[0]),
+            arm=by_slot[int(decision.arms[row])],
+            propensity=float(decision.propensity[row]),
             model_version=version,
-            policy=ROFU,
-            scores=per_arm,
-        )
-
-    def _cold_start(self, job: SelectJob) -> SelectOutcome:
-        """No checkpoint yet: a uniform choice, its propensity logged."""
-        mask = torch.ones(1, len(job.candidates), dtype=torch.bool)
-        zeros = torch.zeros(1, len(job.candidates))
-        decision = uniform_decision(Scores(zeros, zeros), mask, self._generator)
-        return SelectOutcome(
-            arm=job.candidates[int(decision.arms[0])],
-            propensity=float(decision.propensity[0]),
-            model_version=0,
-            policy=COLD_START,
-            scores=None,
+            policy=COLD_START if scores is None else ROFU,
+            scores=[ArmScore.unscored(arm) for _, arm in slots]
+            if scores is None
+            else scores.per_arm(row, slots),
         )

@@ -6,11 +6,13 @@ Precedence: constructor arguments > environment > the TOML file named by `ROFU_C
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
@@ -21,7 +23,7 @@ from pydantic_settings import (
 )
 
 from models import FitConfig, RewardNetConfig, RofuConfig
-from models.rofu_config import SERVED_ESTIMATOR
+from models.presets import PRESETS, PRODUCT, RofuPreset, get_preset
 
 ARM_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$"
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
@@ -59,24 +61,28 @@ class Settings(BaseSettings):
     arms: list[ArmSpec] = Field(default_factory=_demo_arms)
     arm_feature_dim: Annotated[int, Field(ge=0)] = 0
     max_arms: Annotated[int, Field(ge=1, le=100_000)] = 64
-    hidden: tuple[int, ...] = (64, 64)
+    # ROFU's preset (models.presets): the network, estimator and learner settings below
+    # default to it; one set explicitly overrides it. `product` is what the replay validated.
+    preset: str = PRODUCT.name
+    hidden: tuple[int, ...] = PRODUCT.hidden
     activation: Literal["relu", "tanh", "gelu", "elu", "sigmoid", "identity"] = "relu"
+    init_scale: Annotated[float, Field(ge=0, allow_inf_nan=False)] = PRODUCT.init_scale
     seed: Annotated[int, Field(ge=0)] = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # torch's intra-op threads per process (API and trainer); 0: torch's default.
     torch_threads: Annotated[int, Field(ge=0, le=1024)] = 0
 
     # ROFU (see models.rofu.RofuConfig).
-    steps: Annotated[int, Field(ge=0, le=1000)] = 5
-    step_size: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 0.01
-    step_decay: Annotated[float, Field(gt=0, le=1)] = 1.0
-    eta: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
-    regulariser: Literal["dataset", "arm_count"] = "dataset"
-    l2: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
-    minibatch_size: Annotated[int, Field(ge=1)] = 256
-    bonus_scale: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
-    baseline: Literal["start", "drift"] = "start"
-    estimator: Literal["exact", "ntk"] = SERVED_ESTIMATOR
+    steps: Annotated[int, Field(ge=0, le=1000)] = PRODUCT.rofu.steps
+    step_size: Annotated[float, Field(gt=0, allow_inf_nan=False)] = PRODUCT.rofu.step_size
+    step_decay: Annotated[float, Field(gt=0, le=1)] = PRODUCT.rofu.step_decay
+    eta: Annotated[float, Field(gt=0, allow_inf_nan=False)] = PRODUCT.rofu.eta
+    regulariser: Literal["dataset", "arm_count"] = "arm_count"
+    l2: Annotated[float, Field(ge=0, allow_inf_nan=False)] = PRODUCT.rofu.l2
+    minibatch_size: Annotated[int, Field(ge=1)] | None = PRODUCT.rofu.minibatch_size
+    bonus_scale: Annotated[float, Field(ge=0, allow_inf_nan=False)] = PRODUCT.rofu.bonus_scale
+    baseline: Literal["start", "drift"] = "drift"
+    estimator: Literal["exact", "ntk"] = "ntk"
     # With `exact` on a CUDA device: replay the estimator from CUDA graphs captured per
     # batch-size bucket (models.rofu_graphs); false: launch its kernels one by one.
     cuda_graphs: bool = True
@@ -105,10 +111,22 @@ class Settings(BaseSettings):
     reward_window_seconds: Annotated[float, Field(ge=0)] = 60.0
     default_reward: FiniteFloat | None = None
     data_sample_size: Annotated[int, Field(ge=1)] = 20_000
-    fit_steps: Annotated[int, Field(ge=0)] = 200
-    fit_batch_size: Annotated[int, Field(ge=1)] = 256
+    # Each run trains fit_steps_per_row optimizer steps per new row (the preset's rate:
+    # its refit's steps over its rows between refits), at most fit_max_steps; fit_steps
+    # set: exactly that many per run. fit_persist: one optimizer carried across the runs
+    # of a trainer process, while it continues from its own last checkpoint.
+    fit_steps: Annotated[int, Field(ge=0)] | None = None
+    fit_steps_per_row: Annotated[float, Field(ge=0, allow_inf_nan=False)] = (
+        PRODUCT.fit_steps_per_row
+    )
+    fit_max_steps: Annotated[int, Field(ge=0)] = 2000
+    fit_batch_size: Annotated[int, Field(ge=1)] = PRODUCT.schedule.fit.batch_size
     fit_optimizer: Literal["sgd", "adam", "rmsprop"] = "adam"
-    fit_lr: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1e-3
+    fit_lr: Annotated[float, Field(gt=0, allow_inf_nan=False)] = PRODUCT.schedule.fit.lr
+    fit_weight_decay: Annotated[float, Field(ge=0, allow_inf_nan=False)] = (
+        PRODUCT.schedule.fit.weight_decay
+    )
+    fit_persist: bool = PRODUCT.schedule.persist
 
     trainer_metrics_port: Annotated[int, Field(ge=0, le=65535)] = 9101  # 0: no endpoint
     startup_timeout_seconds: Annotated[float, Field(gt=0)] = 120.0
@@ -116,6 +134,17 @@ class Settings(BaseSettings):
     # Replicas following the checkpoint bus.
     checkpoint_poll_seconds: Annotated[float, Field(gt=0)] = 5.0
     arm_refresh_seconds: Annotated[float, Field(gt=0)] = 5.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset_defaults(cls, data: Any) -> Any:
+        """Fill the settings not given explicitly from the named preset."""
+        if not isinstance(data, dict):
+            return data
+        name = data.get("preset", PRODUCT.name)
+        if name not in PRESETS:
+            raise ValueError(f"preset: unknown preset {name!r}; known: {', '.join(PRESETS)}")
+        return {**preset_settings(get_preset(name)), **data}
 
     @field_validator("hidden")
     @classmethod
@@ -178,12 +207,14 @@ class Settings(BaseSettings):
             hidden=self.hidden,
             activation=self.activation,
             arm_feature_dim=self.arm_feature_dim,
+            init_scale=self.init_scale,
             seed=self.seed,
         )
 
     def rofu_config(self) -> RofuConfig:
         """The ROFU estimator's hyper-parameters."""
-        return RofuConfig(
+        return dataclasses.replace(
+            get_preset(self.preset).rofu,
             steps=self.steps,
             step_size=self.step_size,
             step_decay=self.step_decay,
@@ -196,14 +227,31 @@ class Settings(BaseSettings):
             estimator=self.estimator,
         )
 
-    def fit_config(self) -> FitConfig:
-        """How the trainer refits theta_t from theta_{t-1}."""
-        return FitConfig(
-            steps=self.fit_steps,
+    def fit_config(self, new_rows: int = 0) -> FitConfig:
+        """How a trainer run that adds `new_rows` rows refits theta_t from theta_{t-1}."""
+        steps = self.fit_steps
+        if steps is None:
+            steps = min(self.fit_max_steps, math.ceil(self.fit_steps_per_row * new_rows))
+        return dataclasses.replace(
+            get_preset(self.preset).schedule.fit,
+            steps=steps,
             batch_size=self.fit_batch_size,
             optimizer=self.fit_optimizer,
             lr=self.fit_lr,
+            weight_decay=self.fit_weight_decay,
         )
+
+    def model_config_record(self) -> dict[str, Any]:
+        """The configuration a checkpoint records: the preset and what was served of it."""
+        return {
+            "preset": self.preset,
+            "net": dataclasses.asdict(self.net_config()),
+            "rofu": dataclasses.asdict(self.rofu_config()),
+            "fit": dataclasses.asdict(self.fit_config()) | {"steps": self.fit_steps},
+            "fit_steps_per_row": self.fit_steps_per_row,
+            "fit_max_steps": self.fit_max_steps,
+            "fit_persist": self.fit_persist,
+        }
 
     @classmethod
     def settings_customise_sources(
@@ -229,3 +277,34 @@ class Settings(BaseSettings):
 def get_settings() -> Settings:
     """The process's settings, read once."""
     return Settings()
+
+
+def preset_settings(preset: RofuPreset) -> dict[str, Any]:
+    """The settings a preset gives (those not set explicitly take these)."""
+    rofu, fit = preset.rofu, preset.schedule.fit
+    return {
+        "hidden": preset.hidden,
+        "activation": preset.activation,
+        "init_scale": preset.init_scale,
+        **{
+            name: getattr(rofu, name)
+            for name in (
+                "steps",
+                "step_size",
+                "step_decay",
+                "eta",
+                "regulariser",
+                "l2",
+                "minibatch_size",
+                "bonus_scale",
+                "baseline",
+                "estimator",
+            )
+        },
+        "fit_steps_per_row": preset.fit_steps_per_row,
+        "fit_batch_size": fit.batch_size,
+        "fit_optimizer": fit.optimizer,
+        "fit_lr": fit.lr,
+        "fit_weight_decay": fit.weight_decay,
+        "fit_persist": preset.schedule.persist,
+    }

@@ -3,7 +3,9 @@
 Each run reads the decisions whose reward window has closed and that no checkpoint has
 consumed yet, refits theta_t from theta_{t-1} (the latest durable checkpoint) on the
 checkpoint's data sample plus the new rows, stores the new checkpoint durably together
-with the mark on the consumed decisions (one transaction), then publishes it.
+with the mark on the consumed decisions (one transaction), then publishes it. A run takes
+the preset's optimizer steps per new row (`Settings.fit_config`), and with `fit_persist`
+continues its optimizer while it continues the checkpoint it published last.
 
 Reward-window rule: a decision is consumed once `reward_window_seconds` have passed since
 it was made. If its reward arrived by then it is trained on; if not, it is trained on
@@ -14,6 +16,8 @@ This keeps arms with slow feedback on an equal footing with fast ones.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import threading
 import time
@@ -26,6 +30,7 @@ import torch
 from models import (
     Checkpoint,
     DataBuffer,
+    FitConfig,
     RegulariserData,
     RewardNet,
     Transitions,
@@ -33,6 +38,7 @@ from models import (
     fit,
     load_checkpoint,
 )
+from models.training import make_optimizer
 from service.bus import CheckpointBus
 from service.catalogue import CatalogueCache
 from service.checkpoint_store import CheckpointStore
@@ -43,6 +49,16 @@ from service.settings import Settings
 
 log = logging.getLogger("rofu.trainer")
 MAX_ROWS_PER_RUN = 50_000
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """The network and optimizer of the checkpoint this trainer published last."""
+
+    version: int
+    net: RewardNet
+    optimizer: torch.optim.Optimizer
+    config: FitConfig  # its FitConfig, steps aside: another one starts a fresh optimizer
 
 
 @dataclass(frozen=True)
@@ -77,6 +93,7 @@ class Trainer:
         self._metrics = metrics
         self._clock = clock
         self._catalogue = CatalogueCache(sessions, ttl_s=0.0)
+        self._kept: _Kept | None = None  # the optimizer fit_persist carries over
 
     def run_once(self) -> TrainReport | None:
         """One run; None when no decision's window has closed since the last."""
@@ -98,8 +115,13 @@ class Trainer:
             buffer.append(_transitions(trained, self.settings.context_dim))
         if len(buffer) == 0:  # nothing to learn from yet: consume the rows, keep the model
             return self._consume_without_model(rows, version, started)
-        net, features, metrics = self._fit(previous, buffer, version)
-        return self._publish(net, buffer, features, metrics, version, rows, trained, started)
+        config = self.settings.fit_config(new_rows=len(trained))
+        net, optimizer = self._continue(previous, config)
+        features, metrics = self._fit(net, optimizer, config, buffer, version)
+        report = self._publish(net, buffer, features, metrics, version, rows, trained, started)
+        if optimizer is not None:
+            self._kept = _Kept(version, net, optimizer, dataclasses.replace(config, steps=0))
+        return report
 
     def _target(self, row: repository.TrainingRow) -> float | None:
         """The training target, or None to exclude the row (no reward and no default, or
@@ -122,22 +144,48 @@ class Trainer:
             data = RegulariserData(data.sample.subset(keep), data.n_total, data.arm_counts)
         return DataBuffer.restore(data, max_size=size, generator=generator)
 
-    def _fit(
-        self, previous: Checkpoint | None, buffer: DataBuffer, version: int
-    ) -> tuple[RewardNet, torch.Tensor | None, dict[str, float]]:
+    def _continue(
+        self, previous: Checkpoint | None, config: FitConfig
+    ) -> tuple[RewardNet, torch.optim.Optimizer | None]:
+        """The network to refit and, with fit_persist, the optimizer it continues.
+
+        The optimizer carries over while this process continues from the checkpoint it
+        published last (its network is that checkpoint's, in memory); after a restart, a
+        failed run or another trainer's checkpoint a fresh one starts, as at the first.
+        """
+        kept, self._kept = self._kept, None
+        if not self.settings.fit_persist:
+            return (previous.network() if previous else RewardNet(self.settings.net_config())), None
+        if (
+            kept is not None
+            and previous is not None
+            and kept.version == previous.version
+            and kept.config == dataclasses.replace(config, steps=0)
+        ):
+            return kept.net, kept.optimizer
         net = previous.network() if previous else RewardNet(self.settings.net_config())
+        return net, make_optimizer(net, config)
+
+    def _fit(
+        self,
+        net: RewardNet,
+        optimizer: torch.optim.Optimizer | None,
+        config: FitConfig,
+        buffer: DataBuffer,
+        version: int,
+    ) -> tuple[torch.Tensor | None, dict[str, float]]:
         features = None
         if self.settings.arm_feature_dim:
             features = self._catalogue.refresh().feature_table(self.settings.arm_feature_dim)
         generator = torch.Generator().manual_seed(self.settings.seed + 7919 * version)
         metrics = fit(
-            net, buffer.view(), self.settings.fit_config(), generator, arm_features=features
+            net, buffer.view(), config, generator, arm_features=features, optimizer=optimizer
         )
         if not all(bool(torch.isfinite(p).all()) for p in net.parameters()):
             raise RuntimeError(  # never publish a model that would score NaN
                 f"training checkpoint {version} diverged (non-finite parameters); not published"
             )
-        return net, features, metrics
+        return features, metrics
 
     def _publish(
         self,
@@ -159,7 +207,11 @@ class Trainer:
             data=data,
             arm_features=features,
             metrics=metrics,
-            extra={"created_at": str(time.time()), "parent_version": str(version - 1)},
+            extra={
+                "created_at": str(time.time()),
+                "parent_version": str(version - 1),
+                "config": json.dumps(self.settings.model_config_record(), sort_keys=True),
+            },
         )
         blob = dump_checkpoint(checkpoint)
         self._store.save(

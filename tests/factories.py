@@ -105,6 +105,9 @@ def decision_row(
         model_version=model_version,
         explore=True,
         policy="cold-start" if model_version == 0 else "rofu",
-        scores={},
+        scores=[
+            {"arm": candidate, "mean": None, "bonus": None, "ucb": None}
+            for candidate in candidates or [arm]
+        ],
         request_hash="x",
     )

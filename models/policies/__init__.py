@@ -7,21 +7,18 @@ decisions, propensities and logging are shared (see `models.policies.base`).
 from models.policies.base import Policy
 from models.policies.neural import (
     NEURALUCB_SCHEDULE,
-    ROFU_SCHEDULE,
-    SHOWDOWN_FIT,
     EpsilonGreedy,
     Greedy,
     NeuralPolicy,
     NeuralUCB,
     RofuPolicy,
-    TrainSchedule,
 )
 from models.policies.simple import LinUCB, Uniform
 from models.policies.thompson import Bootstrap, Dropout, NeuralLinear, ParamNoise
+from models.training import SHOWDOWN_FIT, TrainSchedule
 
 __all__ = [
     "NEURALUCB_SCHEDULE",
-    "ROFU_SCHEDULE",
     "SHOWDOWN_FIT",
     "Bootstrap",
     "Dropout",

@@ -2,7 +2,8 @@
 
 Every policy scores each candidate arm as mean + bonus (`Scores`); the arm is the argmax
 of that sum, ties broken uniformly at random, so argmax, propensity and logging are
-shared. Thompson policies put a sampled deviation in `bonus` and estimate their
+shared. ROFU's rule (`rofu_decide`) adds its cold start and the per-context choice not to
+explore. Thompson policies put a sampled deviation in `bonus` and estimate their
 propensity by re-sampling (`sampled_propensity`).
 """
 
@@ -20,7 +21,8 @@ from models.validation import check_float_tensor, check_index_tensor, check_mask
 
 
 class Policy(Protocol):
-    """What the replay harness and the service call."""
+    """What the replay harness calls. (The service scores with `rofu_scores` and decides
+    with `rofu_decide`, ROFU's one decision rule, which `RofuPolicy` applies too.)"""
 
     name: str
     n_arms: int
@@ -79,6 +81,42 @@ def greedy_decision(scores: Scores, mask: Tensor, generator: torch.Generator) ->
     """Argmax of mean + bonus; propensity 1 / (number of tied arms)."""
     arms, n_ties = argmax_arms(scores.ucb, mask, generator)
     return Decision(arms=arms, propensity=1.0 / n_ties, scores=masked(scores, mask))
+
+
+def cold_start_scores(candidates: Tensor) -> Scores:
+    """(B, A) scores of a cold start: mean 0, bonus +inf for every arm."""
+    zeros = torch.zeros(candidates.shape, dtype=torch.float64)
+    return Scores(zeros, torch.full_like(zeros, float("inf")))
+
+
+def rofu_decide(
+    scores: Scores | None,
+    candidates: Tensor,
+    generator: torch.Generator,
+    *,
+    explore: Tensor | None = None,
+) -> Decision:
+    """ROFU's decision rule, the one the service and `RofuPolicy` both apply.
+
+    A cold start (no trained model, or no data to measure its uncertainty against) gives
+    every candidate an upper bound of +inf, so the choice is uniform, propensity 1 / K.
+    Otherwise the argmax of mean + bonus over the candidates (of the mean alone for a
+    context that asked not to explore), ties broken uniformly, propensity 1 / (ties).
+
+    Args:
+        scores: (B, A) means and bonuses from `rofu_scores`, or None when there is no
+            trained model or no data to measure its uncertainty against.
+        candidates: (B, A) bool, the arms each context may get.
+        generator: draws tie-breaks.
+        explore: (B,) bool; False ranks that context's candidates by the mean alone.
+            None: every context explores.
+    """
+    if scores is None:
+        return greedy_decision(cold_start_scores(candidates), candidates, generator)
+    mean, bonus = scores.mean.detach().cpu(), scores.bonus.detach().cpu()
+    if explore is not None:
+        bonus = torch.where(explore.cpu()[:, None], bonus, torch.zeros_like(bonus))
+    return greedy_decision(Scores(mean, bonus), candidates, generator)
 
 
 def epsilon_decision(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from torch import Tensor
 from torch.func import functional_call, grad, vmap
@@ -16,58 +14,13 @@ from models.policies.base import (
     check_contexts,
     epsilon_decision,
     greedy_decision,
+    rofu_decide,
 )
+from models.presets import PRODUCT
 from models.rofu import NtkBasis, RofuConfig, ntk_basis, rofu_scores
 from models.scores import Decision, Scores
-from models.training import FitConfig, fit, make_optimizer
+from models.training import FitConfig, TrainSchedule, fit, make_optimizer
 from models.validation import check_choice, check_float, check_float_tensor, check_int
-
-#: The Deep Bayesian Bandits Showdown's `hparams_rms`: RMSprop, lr 0.1 with inverse-time
-#: decay 0.5 restarted every training call, global-norm clipping at 5, 100 minibatches of
-#: 512 every 50 rounds.
-SHOWDOWN_FIT = FitConfig(
-    steps=100,
-    batch_size=512,
-    optimizer="rmsprop",
-    lr=0.1,
-    lr_schedule="inverse_time",
-    lr_decay=0.5,
-    max_grad_norm=5.0,
-)
-
-
-@dataclass(frozen=True)
-class TrainSchedule:
-    """When a neural policy refits its network on all data seen so far.
-
-    Attributes:
-        every: refit after every `every` new transitions.
-        dense_until: refit after every transition while fewer rows than this are held
-            (NeuralUCB's official code trains every round for the first 2000).
-        fit: how each refit trains (continuing from the current weights).
-        persist: keep each network's optimizer across refits, so Adam's or RMSprop's
-            moment estimates carry over (the learning-rate schedule still restarts);
-            False: a fresh optimizer every refit.
-    """
-
-    every: int = 50
-    dense_until: int = 0
-    fit: FitConfig = field(default_factory=lambda: SHOWDOWN_FIT)
-    persist: bool = False
-
-    def __post_init__(self) -> None:
-        check_int("every", self.every, low=1)
-        check_int("dense_until", self.dense_until, low=0)
-        if not isinstance(self.fit, FitConfig):
-            raise TypeError(f"fit must be a FitConfig, got {type(self.fit).__name__}")
-        if not isinstance(self.persist, bool):
-            raise TypeError(f"persist must be a bool, got {type(self.persist).__name__}")
-
-    def due(self, before: int, after: int) -> bool:
-        """Whether growing the data from `before` to `after` rows triggers a refit."""
-        if after > before and before < self.dense_until:
-            return True
-        return after // self.every > before // self.every
 
 
 def _arm_features(
@@ -208,20 +161,14 @@ class Greedy(EpsilonGreedy):
         )
 
 
-#: ROFU's default schedule (paper, section 5 and footnote: theta_t trained by SGD
-#: starting from theta_{t-1} every round; the authors' code uses lr 0.01).
-ROFU_SCHEDULE = TrainSchedule(
-    every=1, fit=FitConfig(steps=10, batch_size=256, optimizer="sgd", lr=0.01)
-)
-
-
 class RofuPolicy(NeuralPolicy):
     """Regularised OFU (Zhou et al. 2021, Alg. 2) on the policy's own data buffer.
 
-    Defaults: RofuConfig() (M = 5, eta = 1, R = |D| MSE, g = sqrt) and ROFU_SCHEDULE.
-    With no data yet the bonus is +inf for every arm, so the choice is uniform. With the
-    `ntk` estimator the basis is prepared once per refit (per checkpoint, as the service
-    does), from the rows held then; |D| and the arm counts stay current.
+    Defaults: the product preset's estimator and schedule (`models.presets.PRODUCT`).
+    Decisions follow `rofu_decide`, as the service's do: with no data yet the choice is
+    uniform. With the `ntk` estimator the basis is prepared once per refit (per
+    checkpoint, as the service does), from the rows held then; |D| and the arm counts stay
+    current.
     """
 
     name = "ROFU"
@@ -238,12 +185,12 @@ class RofuPolicy(NeuralPolicy):
     ) -> None:
         super().__init__(
             net_config,
-            schedule or ROFU_SCHEDULE,
+            schedule or PRODUCT.schedule,
             arm_features=arm_features,
             device=device,
             seed=seed,
         )
-        self.rofu = rofu or RofuConfig()
+        self.rofu = rofu or PRODUCT.rofu
         self._basis: NtkBasis | None = None
 
     def train(self) -> dict[str, float]:
@@ -252,13 +199,10 @@ class RofuPolicy(NeuralPolicy):
         return super().train()
 
     def select(self, contexts: Tensor, candidates: Tensor | None = None) -> Decision:
-        """Argmax of the ROFU upper confidence bound."""
+        """Argmax of the ROFU upper confidence bound (`rofu_decide`)."""
         contexts, mask = self._prepare(contexts, candidates)
         if len(self.buffer) == 0:
-            mean = self.predict(contexts).cpu()
-            return greedy_decision(
-                Scores(mean, torch.full_like(mean, float("inf"))), mask, self.generator
-            )
+            return rofu_decide(None, mask, self.generator)
         data = self.buffer.regulariser_data(self.n_arms)
         if self.rofu.estimator == "ntk" and self._basis is None:
             self._basis = ntk_basis(
@@ -274,7 +218,7 @@ class RofuPolicy(NeuralPolicy):
             arm_features=self.arm_features,
             basis=self._basis,
         )
-        return greedy_decision(Scores(scores.mean.cpu(), scores.bonus.cpu()), mask, self.generator)
+        return rofu_decide(scores, mask, self.generator)
 
 
 #: NeuralUCB's official code (uclaml/NeuralUCB, train.py and learner_diag.py): one hidden

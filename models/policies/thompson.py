@@ -17,9 +17,9 @@ from torch.func import functional_call, vmap
 from models.data import Transitions
 from models.networks import RewardNet, RewardNetConfig
 from models.policies.base import check_batch, greedy_decision, masked, sampled_propensity
-from models.policies.neural import NeuralPolicy, TrainSchedule
+from models.policies.neural import NeuralPolicy
 from models.scores import Decision, Scores
-from models.training import fit
+from models.training import TrainSchedule, fit
 from models.validation import check_float, check_int
 
 

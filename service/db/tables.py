@@ -76,7 +76,8 @@ class DecisionRow(Base):
     model_version: Mapped[int]
     explore: Mapped[bool]
     policy: Mapped[str] = mapped_column(String(32))
-    scores: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # A list of models.scores.ArmScore as dicts (before 2026-11-25: arm -> [mean, bonus, ucb]).
+    scores: Mapped[list[dict[str, Any]] | dict[str, Any]] = mapped_column(JSON)
     request_hash: Mapped[str] = mapped_column(String(64))
     trained_in: Mapped[int | None] = mapped_column(default=None)
 

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from benchmarks import load, load_inprocess, load_report
-from models.rofu_config import SERVED_ESTIMATOR
+from models.presets import PRODUCT
 from service.settings import Settings
 
 METRICS_TEXT = """\
@@ -117,7 +117,7 @@ def test_server_settings_pass_torch_threads_and_workers() -> None:
 def test_server_serves_the_service_estimator_unless_told() -> None:
     default = load.parse_args([])
     assert Settings(**load.server_overrides(default, "sqlite:///b.sqlite")).estimator == (
-        SERVED_ESTIMATOR
+        PRODUCT.rofu.estimator
     )
     exact = load.server_overrides(load.parse_args(["--estimator", "exact"]), "sqlite:///b.sqlite")
     assert load.as_environment(exact)["ROFU_ESTIMATOR"] == "exact"

@@ -295,3 +295,15 @@ async def test_service_select_is_503_when_the_write_fails(
     assert response.status_code == 503
     assert response.headers["retry-after"].isdigit()
     assert response.json()["error"]["code"] == "unavailable"
+
+
+def test_stored_scores_are_typed_and_rows_of_the_old_layout_still_read() -> None:
+    from models.scores import ArmScore
+    from service.decisions import stored_scores
+
+    row = decision_row("old", [0.0], candidates=["a", "b"])
+    assert stored_scores(row) == [ArmScore.unscored("a"), ArmScore.unscored("b")]
+    row.scores = {"a": [0.1, 0.2, 0.3], "b": None}  # written before 2026-11-25
+    assert stored_scores(row) == [ArmScore("a", 0.1, 0.2, 0.3), ArmScore.unscored("b")]
+    row.scores = [{"arm": "b", "mean": 1.0, "bonus": 0.5, "ucb": 1.5}]
+    assert stored_scores(row) == [ArmScore("b", 1.0, 0.5, 1.5)]

@@ -27,7 +27,7 @@ from models.policies import (
     TrainSchedule,
     Uniform,
 )
-from models.scores import Decision
+from models.scores import Decision, Scores
 from tests.factories import arm_features, linear_problem
 
 D, A, F = 5, 4, 3  # context features, arms, arm features
@@ -708,3 +708,24 @@ BAD_HYPERPARAMETERS = [
 def test_policy_rejects_bad_hyperparameters_naming_them(argument, build, error):
     with pytest.raises(error, match=rf"^{argument} "):
         build()
+
+
+def test_rofu_decide_is_the_one_rule_of_the_service_and_the_policy() -> None:
+    from models.policies.base import rofu_decide
+
+    mask = torch.tensor([[True, True, False, True], [False, True, True, False]])
+    cold = rofu_decide(None, mask, torch.Generator().manual_seed(0))
+    assert cold.propensity.tolist() == [1 / 3, 1 / 2]
+    assert all(bool(mask[row, arm]) for row, arm in enumerate(cold.arms.tolist()))
+    scores = Scores(
+        torch.tensor([[0.9, 0.1, 5.0, 0.2], [0.0, 0.3, 0.2, 0.0]], dtype=torch.float64),
+        torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.5, 0.0]], dtype=torch.float64),
+    )
+    explore = rofu_decide(scores, mask, torch.Generator(), explore=torch.tensor([True, False]))
+    assert explore.arms.tolist() == [1, 1]  # the ucb's argmax; the mean's without exploring
+    assert explore.propensity.tolist() == [1.0, 1.0]
+    policy = RofuPolicy(net_config(), FAST, rofu=FAST_ROFU, seed=3)
+    first = policy.select(torch.randn(2, D), mask)
+    again = rofu_decide(None, mask, torch.Generator().manual_seed(3))
+    assert first.arms.tolist() == again.arms.tolist()  # its cold start is the same rule
+    assert first.propensity.tolist() == again.propensity.tolist()

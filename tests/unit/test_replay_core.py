@@ -16,10 +16,19 @@ import numpy as np
 import pytest
 import torch
 
+from models.presets import PRESETS, PRODUCT
 from replay.bandits import PoolBandit
 from replay.cli import build_parser, main, parse_seeds
 from replay.combine import combine
-from replay.policies import POLICIES, ROFU_DEFAULTS, build_policy, rofu_variant
+from replay.policies import (
+    POLICIES,
+    PRESET_POLICIES,
+    TUNED_PRESETS,
+    build_policy,
+    configuration,
+    resolve_preset,
+    rofu_variant,
+)
 from replay.report import (
     collect,
     json_safe,
@@ -382,23 +391,23 @@ def test_rofu_variant_parses_overrides():
     showdown = rofu_variant("ROFU@fit_lr=0.01+learner=showdown")
     assert (showdown.hidden, showdown.init_scale, showdown.schedule.every) == ((50,), 0.3, 50)
     assert (showdown.schedule.fit.optimizer, showdown.schedule.fit.lr) == ("rmsprop", 0.01)
-    assert showdown.rofu == ROFU_DEFAULTS.rofu
+    assert showdown.rofu == PRODUCT.rofu
     neural = rofu_variant("ROFU@learner=neuralucb+wd=0.01")
     assert (neural.schedule.every, neural.schedule.fit.optimizer) == (20, "sgd")
     assert (neural.schedule.fit.lr, neural.schedule.fit.weight_decay) == (0.01, 0.01)
-    assert neural.net(3, 2, 0) == ROFU_DEFAULTS.net(3, 2, 0)
+    assert neural.net(3, 2, 0) == PRODUCT.net(3, 2, 0)
     with pytest.raises(ValueError, match="learner must be one of"):
         rofu_variant("ROFU@learner=keras")
     with pytest.raises(ValueError, match="bad value 'wide'"):
         rofu_variant("ROFU@hidden=wide")
     assert rofu_variant("ROFU@persist=1").schedule.persist is True
     assert rofu_variant("ROFU@persist=0").schedule.persist is False
-    assert ROFU_DEFAULTS.schedule.persist is True
+    assert PRODUCT.schedule.persist is True
     with pytest.raises(ValueError, match="bad value 'yes' for ROFU variant key 'persist'"):
         rofu_variant("ROFU@persist=yes")
     linear = rofu_variant("ROFU@act=identity")
     assert linear.net(3, 2, 0).activation == "identity"
-    assert ROFU_DEFAULTS.net(3, 2, 0).activation == "relu"
+    assert PRODUCT.net(3, 2, 0).activation == "relu"
     with pytest.raises(ValueError, match="bad value 'swish' for ROFU variant key 'act'"):
         rofu_variant("ROFU@act=swish")
 
@@ -408,27 +417,48 @@ def test_greedy_matched_variant_takes_the_rofu_overrides():
     assert (policy.n_arms, policy.schedule.fit.lr, policy.net.config.hidden) == (3, 1e-4, (8,))
 
 
-def test_rofu_takes_its_per_data_set_overrides_on_five_data_sets_only():
+def test_rofu_takes_the_preset_it_is_given_and_only_that():
     cpu = torch.device("cpu")
     for name in ("ROFU", "Greedy-matched"):
-        tuned = build_policy(name, 4, 2, 0, cpu, bandit="mushroom")
-        default = build_policy(name, 4, 2, 0, cpu, bandit="statlog")
-        assert (tuned.schedule.fit.lr, tuned.schedule.persist) == (1e-4, True)
-        assert tuned.schedule.fit.optimizer == "adam"
-        assert default.schedule.persist is True
-        assert default.schedule.fit.lr == ROFU_DEFAULTS.schedule.fit.lr == 1e-3
-        assert default.schedule.fit == ROFU_DEFAULTS.schedule.fit
-        for bandit in ("covertype", "adult"):
-            sgd = build_policy(name, 4, 2, 0, cpu, bandit=bandit).schedule.fit
-            assert (sgd.optimizer, sgd.lr, sgd.weight_decay) == ("sgd", 0.01, 1e-3)
-            assert (sgd.steps, sgd.batch_size) == (10, 256)
-        for bandit in ("financial", "jester"):
-            linear = build_policy(name, 4, 2, 0, cpu, bandit=bandit)
-            assert linear.net.config.activation == "identity"
-            assert linear.schedule == default.schedule
+        default = build_policy(name, 4, 2, 0, cpu)
+        assert default.schedule == PRODUCT.schedule
         assert default.net.config.activation == "relu"
-    assert build_policy("Greedy", 4, 2, 0, cpu, bandit="mushroom").schedule.fit.lr == 0.1
-    assert build_policy("Greedy", 4, 2, 0, cpu, bandit="financial").net.config.activation == "relu"
+        small = build_policy(name, 4, 2, 0, cpu, preset=PRESETS["small-lr"])
+        assert (small.schedule.fit.lr, small.schedule.persist) == (1e-4, True)
+        assert small.schedule.fit.optimizer == "adam"
+        sgd = build_policy(name, 4, 2, 0, cpu, preset=PRESETS["sgd-decay"]).schedule.fit
+        assert (sgd.optimizer, sgd.lr, sgd.weight_decay) == ("sgd", 0.01, 1e-3)
+        assert (sgd.steps, sgd.batch_size) == (10, 256)
+        linear = build_policy(name, 4, 2, 0, cpu, preset=PRESETS["linear"])
+        assert linear.net.config.activation == "identity"
+        assert linear.schedule == default.schedule
+    assert build_policy("Greedy", 4, 2, 0, cpu, preset=PRESETS["small-lr"]).schedule.fit.lr == 0.1
+    exact = build_policy("ROFU-exact", 4, 2, 0, cpu, preset=PRESETS["linear"])
+    assert (exact.rofu.estimator, exact.net.config.activation) == ("exact", "identity")
+    assert build_policy("ROFU-NTK", 4, 2, 0, cpu).rofu == PRODUCT.rofu
+    assert set(TUNED_PRESETS.values()) <= set(PRESETS)
+    for name in PRESET_POLICIES:
+        assert resolve_preset(name) is not None
+    assert resolve_preset("NeuralUCB") is None
+
+
+def test_configuration_records_what_the_built_policy_runs():
+    cpu = torch.device("cpu")
+    preset = resolve_preset("ROFU-exact", PRESETS["linear"])
+    assert preset is not None
+    record = configuration(
+        build_policy("ROFU-exact", 4, 2, 0, cpu, preset=PRESETS["linear"]), preset
+    )
+    assert record["class"] == "RofuPolicy"
+    assert record["rofu"]["estimator"] == record["preset"]["rofu"]["estimator"] == "exact"
+    assert record["net"]["activation"] == record["preset"]["activation"] == "identity"
+    assert record["preset"]["name"] == "linear"
+    assert record["schedule"]["fit"]["optimizer"] == "adam"
+    ucb = configuration(build_policy("NeuralUCB", 4, 2, 0, cpu))
+    assert (ucb["class"], ucb["lam"], ucb["nu"], ucb["full"]) == ("NeuralUCB", 1e-3, 1.0, False)
+    assert list(ucb["net"]["hidden"]) == [100]
+    assert "preset" not in ucb
+    json.dumps(record)  # JSON-ready as the run file stores it
 
 
 def test_replay_cli_rejects_a_bad_policy_before_running_anything(tmp_path, capsys):
@@ -452,3 +482,28 @@ def test_parse_seeds():
     assert parse_seeds("1,5,7-8") == (1, 5, 7, 8)
     with pytest.raises(Exception, match="seeds must look like"):
         parse_seeds("a-b")
+
+
+def test_replay_preset_is_chosen_explicitly_and_recorded(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["--datasets", "wheel", "--policies", "ROFU,LinUCB", "--seeds", "0", "--rounds", "40"]
+    assert main([*argv, "--preset", "linear", "--out", str(out), "--no-progress"]) == 0
+    rofu = RunResult.load(out / "runs" / "wheel" / "ROFU" / "seed0-T40-linear.npz")
+    assert rofu.preset == "linear"
+    assert rofu.config is not None
+    assert rofu.config["net"]["activation"] == "identity"
+    linucb = RunResult.load(out / "runs" / "wheel" / "LinUCB" / "seed0-T40.npz")
+    assert (linucb.preset, linucb.config["class"]) == ("", "LinUCB")
+    report = (out / "README.md").read_text()
+    assert "ROFU preset each cell ran" in report
+    assert "`linear`" in report
+    capsys.readouterr()
+    for bad, message in (
+        ("fancy", "unknown preset 'fancy'"),
+        ("adult=linear", "--preset names data sets that do not run: adult"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main([*argv, "--preset", bad, "--out", str(tmp_path / "bad")])
+        assert exc.value.code == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

@@ -27,6 +27,7 @@ from models import rofu_scores
 from models.rofu import ntk_basis
 from service.app import create_app
 from service.db import repository
+from service.follower import ModelState
 from service.runtime import Runtime
 from service.scoring import checkpoint_generator
 from service.settings import Settings
@@ -138,7 +139,7 @@ async def test_service_cold_start_selects_uniformly_and_logs(service: Service) -
     assert row.model_version == 0
     assert row.policy == "cold-start"
     assert row.candidates == ARMS
-    assert row.scores == dict.fromkeys(ARMS)
+    assert row.scores == [{"arm": a, "mean": None, "bonus": None, "ucb": None} for a in ARMS]
     assert row.explore is True
     assert row.trained_in is None
 
@@ -303,7 +304,7 @@ async def test_service_select_uses_rofu_after_a_checkpoint(service: Service) -> 
     assert model["n_data"] == 24
     assert model["checksum"]
     ready = (await client.get("/readyz")).json()
-    assert ready["checks"]["model"] == "loaded"
+    assert ready["checks"]["model"] == ModelState.LOADED
 
 
 @pytest.mark.anyio
@@ -469,7 +470,7 @@ async def test_service_health_endpoints(service: Service) -> None:
     assert ready.status_code == 200
     assert ready.json() == {
         "status": "ready",
-        "checks": {"database": "ok", "model": "cold-start"},
+        "checks": {"database": "ok", "model": ModelState.COLD_START},
     }
 
 
@@ -585,7 +586,7 @@ async def test_service_failed_start_releases_the_database(
 
     app = create_app(sqlite_settings)
     runtime = _runtime(app)
-    monkeypatch.setattr(runtime, "_load_initial", fail)
+    monkeypatch.setattr(runtime.follower, "load_initial", fail)
     with pytest.raises(RuntimeError, match="no checkpoint can be read"):
         async with app.router.lifespan_context(app):
             pass

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from models import FitConfig, RewardNetConfig, RofuConfig
-from models.rofu_config import SERVED_ESTIMATOR
+from models.presets import PRESETS, PRODUCT
 from service.settings import ArmSpec, Settings, get_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -257,19 +257,64 @@ def test_settings_rofu_config() -> None:
         minibatch_size=64,
         bonus_scale=2.0,
         estimator="exact",
+        baseline="drift",  # not set: the product preset's
     )
 
 
-def test_settings_serve_the_replays_rofu_estimator() -> None:
-    """One product, one default: the estimator served is the one the replay's ROFU runs."""
-    from replay.policies import ROFU_DEFAULTS
+def test_settings_serve_the_product_preset_the_replays_rofu_runs() -> None:
+    """One product, one default: what the service serves is what `--policies ROFU` runs."""
+    import torch
 
-    assert Settings().rofu_config().estimator == SERVED_ESTIMATOR
-    assert ROFU_DEFAULTS.rofu.estimator == SERVED_ESTIMATOR
+    from replay.policies import build_policy
+
+    settings = Settings()
+    assert settings.preset == "product"
+    assert settings.rofu_config() == PRODUCT.rofu
+    assert settings.net_config() == PRODUCT.net(8, settings.max_arms, 0)
+    assert settings.fit_config(new_rows=1) == PRODUCT.schedule.fit  # 10 steps per row
+    assert settings.fit_persist is PRODUCT.schedule.persist is True
+    replayed = build_policy("ROFU", 8, settings.max_arms, 0, torch.device("cpu"))
+    assert replayed.rofu == PRODUCT.rofu  # type: ignore[attr-defined]
+    assert replayed.schedule == PRODUCT.schedule  # type: ignore[attr-defined]
+    assert replayed.net.config == settings.net_config()  # type: ignore[attr-defined]
     with pytest.raises(ValidationError, match="estimator"):
         Settings(estimator="fast")
 
 
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_settings_take_a_named_preset(name: str) -> None:
+    preset = PRESETS[name]
+    settings = Settings(preset=name)
+    assert settings.rofu_config() == preset.rofu
+    assert (settings.hidden, settings.activation) == (preset.hidden, preset.activation)
+    assert settings.fit_config(new_rows=1) == preset.schedule.fit
+    assert settings.model_config_record()["preset"] == name
+
+
+def test_settings_preset_from_the_environment_and_explicit_settings_win(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ROFU_PRESET", "sgd-decay")
+    monkeypatch.setenv("ROFU_FIT_LR", "0.05")
+    settings = Settings(activation="tanh")
+    assert settings.fit_config(new_rows=1) == FitConfig(
+        steps=10, batch_size=256, optimizer="sgd", lr=0.05, weight_decay=1e-3
+    )
+    assert settings.activation == "tanh"
+    with pytest.raises(ValidationError, match="unknown preset 'fancy'; known: product"):
+        Settings(preset="fancy")
+
+
 def test_settings_fit_config() -> None:
     settings = Settings(fit_steps=11, fit_batch_size=32, fit_optimizer="sgd", fit_lr=0.1)
-    assert settings.fit_config() == FitConfig(steps=11, batch_size=32, optimizer="sgd", lr=0.1)
+    assert settings.fit_config(new_rows=500) == FitConfig(
+        steps=11, batch_size=32, optimizer="sgd", lr=0.1
+    )
+    per_row = Settings(fit_steps_per_row=2.5, fit_max_steps=300)
+    assert [per_row.fit_config(new_rows=n).steps for n in (0, 1, 7, 120, 121)] == [
+        0,
+        3,
+        18,
+        300,
+        300,
+    ]
