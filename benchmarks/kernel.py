@@ -44,7 +44,7 @@ from models import (
     Transitions,
     fit,
 )
-from models.policies import NeuralUCB
+from models.policies import NeuralUCB, NeuralUCBParams
 from models.rofu import ntk_basis, rofu_scores
 from models.rofu_naive import rofu_scores_naive
 
@@ -140,7 +140,7 @@ def _setup(work: Workload, device: torch.device) -> Setup:
         torch.randn(work.n_data, generator=gen),
     ).to(device)
     data = RegulariserData(sample, work.n_data, torch.bincount(arms, minlength=work.n_arms))
-    neural_ucb = NeuralUCB(net_config, z="diag", device=device)
+    neural_ucb = NeuralUCB(net_config, params=NeuralUCBParams(z="diag"), device=device)
     neural_ucb.net.load_state_dict(net.state_dict())
     return Setup(net, data, neural_ucb, RofuConfig(steps=work.steps, minibatch_size=work.minibatch))
 

@@ -300,7 +300,7 @@ def default_policies(seed: int = 0) -> dict[str, PolicyFactory]:
         return RewardNetConfig(context_dim=d, n_arms=a, hidden=(32,), seed=seed)
 
     def rofu(d: int, a: int) -> Policy:
-        inner = RofuPolicy(net(d, a), OPE_SCHEDULE, rofu=OPE_ROFU, seed=seed)
+        inner = RofuPolicy(net(d, a), OPE_SCHEDULE, OPE_ROFU, seed=seed)
         return CandidateSubset(inner, min(ROFU_SLATE, a), seed=seed)
 
     return {

@@ -28,12 +28,16 @@ from models.policies import (
     SHOWDOWN_FIT,
     Bootstrap,
     Dropout,
+    DropoutParams,
     EpsilonGreedy,
     Greedy,
     LinUCB,
     NeuralLinear,
+    NeuralLinearParams,
     NeuralUCB,
+    NeuralUCBParams,
     ParamNoise,
+    ParamNoiseParams,
     Policy,
     RofuPolicy,
     TrainSchedule,
@@ -96,13 +100,9 @@ def _epsilon(d: int, a: int, seed: int, device: torch.device) -> Policy:
 
 
 def _neural_linear(d: int, a: int, seed: int, device: torch.device) -> Policy:
-    return NeuralLinear(
-        showdown_net(d, a, seed),
-        SHOWDOWN_SCHEDULE,
-        propensity_samples=0,
-        device=device,
-        seed=seed,
-    )
+    net = showdown_net(d, a, seed)
+    params = NeuralLinearParams(propensity_samples=0)
+    return NeuralLinear(net, SHOWDOWN_SCHEDULE, params, device=device, seed=seed)
 
 
 def _bootstrap(d: int, a: int, seed: int, device: torch.device) -> Policy:
@@ -110,28 +110,19 @@ def _bootstrap(d: int, a: int, seed: int, device: torch.device) -> Policy:
 
 
 def _dropout(d: int, a: int, seed: int, device: torch.device) -> Policy:
-    return Dropout(
-        showdown_net(d, a, seed),
-        SHOWDOWN_SCHEDULE,
-        propensity_samples=0,
-        device=device,
-        seed=seed,
-    )
+    net, params = showdown_net(d, a, seed), DropoutParams(propensity_samples=0)
+    return Dropout(net, SHOWDOWN_SCHEDULE, params, device=device, seed=seed)
 
 
 def _param_noise(d: int, a: int, seed: int, device: torch.device) -> Policy:
-    return ParamNoise(
-        showdown_net(d, a, seed),
-        SHOWDOWN_SCHEDULE,
-        propensity_samples=0,
-        device=device,
-        seed=seed,
-    )
+    net, params = showdown_net(d, a, seed), ParamNoiseParams(propensity_samples=0)
+    return ParamNoise(net, SHOWDOWN_SCHEDULE, params, device=device, seed=seed)
 
 
 def _neural_ucb(d: int, a: int, seed: int, device: torch.device) -> Policy:
     config = RewardNetConfig(context_dim=d, n_arms=a, hidden=(100,), seed=seed)
-    return NeuralUCB(config, NEURALUCB_REPLAY_SCHEDULE, z="diag", device=device, seed=seed)
+    params = NeuralUCBParams(z="diag")
+    return NeuralUCB(config, NEURALUCB_REPLAY_SCHEDULE, params, device=device, seed=seed)
 
 
 def _matched_greedy(preset: RofuPreset, d: int, a: int, seed: int, device: torch.device) -> Policy:
@@ -142,7 +133,7 @@ def _matched_greedy(preset: RofuPreset, d: int, a: int, seed: int, device: torch
 
 def _rofu(preset: RofuPreset, d: int, a: int, seed: int, device: torch.device) -> Policy:
     net = preset.net(d, a, seed)
-    return RofuPolicy(net, preset.schedule, rofu=preset.rofu, device=device, seed=seed)
+    return RofuPolicy(net, preset.schedule, preset.rofu, device=device, seed=seed)
 
 
 POLICIES: dict[str, Builder] = {
@@ -289,7 +280,8 @@ def build_policy(
 
 def configuration(policy: object, preset: RofuPreset | None = None) -> dict[str, Any]:
     """What a built policy runs with, read off the object: its class, its network, its
-    dataclass settings and plain numbers (and the preset's name and settings, if any)."""
+    dataclass settings (a neural policy's `params` and `schedule`) and plain numbers (and
+    the preset's name and settings, if any)."""
     record: dict[str, Any] = {"class": type(policy).__name__}
     for key, value in sorted(vars(policy).items()):
         if key.startswith("_"):

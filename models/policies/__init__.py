@@ -1,7 +1,9 @@
 """Bandit policies under one interface: `select` (with propensity) and `update` (metrics).
 
 Every policy scores candidates as mean + bonus and chooses the argmax (ties uniformly), so
-decisions, propensities and logging are shared (see `models.policies.base`).
+decisions, propensities and logging are shared (see `models.policies.base`). A neural
+policy's hyper-parameters are one frozen dataclass (`models.policies.params`; ROFU's is
+`RofuConfig`), given as `params`.
 """
 
 from models.policies.base import Policy
@@ -13,24 +15,42 @@ from models.policies.neural import (
     NeuralUCB,
     RofuPolicy,
 )
+from models.policies.params import (
+    BootstrapParams,
+    DropoutParams,
+    EpsilonGreedyParams,
+    NeuralLinearParams,
+    NeuralUCBParams,
+    ParamNoiseParams,
+    ThompsonParams,
+)
 from models.policies.simple import LinUCB, Uniform
 from models.policies.thompson import Bootstrap, Dropout, NeuralLinear, ParamNoise
+from models.rofu_config import RofuConfig
 from models.training import SHOWDOWN_FIT, TrainSchedule
 
 __all__ = [
     "NEURALUCB_SCHEDULE",
     "SHOWDOWN_FIT",
     "Bootstrap",
+    "BootstrapParams",
     "Dropout",
+    "DropoutParams",
     "EpsilonGreedy",
+    "EpsilonGreedyParams",
     "Greedy",
     "LinUCB",
     "NeuralLinear",
+    "NeuralLinearParams",
     "NeuralPolicy",
     "NeuralUCB",
+    "NeuralUCBParams",
     "ParamNoise",
+    "ParamNoiseParams",
     "Policy",
+    "RofuConfig",
     "RofuPolicy",
+    "ThompsonParams",
     "TrainSchedule",
     "Uniform",
 ]

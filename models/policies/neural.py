@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 import torch
 from torch import Tensor
 from torch.func import functional_call, grad, vmap
@@ -16,11 +18,12 @@ from models.policies.base import (
     greedy_decision,
     rofu_decide,
 )
+from models.policies.params import EpsilonGreedyParams, NeuralUCBParams
 from models.presets import PRODUCT
 from models.rofu import NtkBasis, RofuConfig, ntk_basis, rofu_scores
 from models.scores import Decision, Scores
 from models.training import FitConfig, TrainSchedule, fit, make_optimizer
-from models.validation import check_choice, check_float, check_float_tensor, check_int
+from models.validation import check_float_tensor, check_int
 
 
 def _arm_features(
@@ -40,23 +43,52 @@ def _arm_features(
     return checked.to(first.device, first.dtype)
 
 
-class NeuralPolicy:
-    """Holds a `RewardNet`, its data buffer, generators and the training schedule."""
+ParamsT = TypeVar("ParamsT")
+
+
+class NeuralPolicy(Generic[ParamsT]):
+    """Holds a `RewardNet`, its data buffer, generators, the training schedule and the
+    policy's hyper-parameters (`params`, a frozen dataclass).
+
+    This is every neural policy's one constructor. A subclass declares `Params` (its
+    hyper-parameter dataclass), optionally `default_params` (else `Params()`) and
+    `default_schedule` (else `TrainSchedule()`), and builds its own state in `_setup`.
+
+    Args:
+        net_config: the reward network.
+        schedule: when and how the network is refitted; None: `default_schedule`.
+        params: the policy's hyper-parameters, a `Params`; None: `default_params`.
+        arm_features: (A, F) features of an arm-feature network; None for one with an
+            output per arm.
+        device: where the network lives.
+        seed: seeds tie-breaks, exploration and training (the network's initialisation
+            has its own seed, `net_config.seed`).
+
+    Raises:
+        TypeError: `schedule` or `params` of the wrong type.
+        ValueError: a bad seed or arm features.
+    """
 
     name = "Neural"
+    Params: type[ParamsT]
+    default_params: ParamsT | None = None
+    default_schedule: TrainSchedule | None = None
 
     def __init__(
         self,
         net_config: RewardNetConfig,
         schedule: TrainSchedule | None = None,
+        params: ParamsT | None = None,
         *,
         arm_features: Tensor | None = None,
         device: torch.device | str = "cpu",
         seed: int = 0,
     ) -> None:
         check_int("seed", seed, low=0)
+        self.params = self._check_params(params)
+        self.schedule = self._check_schedule(schedule)
+        net_config = self._net_config(net_config)
         self.net = RewardNet(net_config).to(device)
-        self.schedule = schedule or TrainSchedule()
         self.arm_features = _arm_features(net_config, arm_features, self.net)
         self.n_arms = self.net.arm_count(self.arm_features)
         self.context_dim = net_config.context_dim
@@ -65,6 +97,32 @@ class NeuralPolicy:
         self.generator = torch.Generator().manual_seed(seed)
         self.fit_generator = torch.Generator().manual_seed(seed + 1_000_003)
         self._optimizers: dict[int, tuple[FitConfig, torch.optim.Optimizer]] = {}
+        self._setup(seed)
+
+    def _check_params(self, params: ParamsT | None) -> ParamsT:
+        """`params`, or the class's defaults for None; TypeError for another type."""
+        if params is None:
+            return self.Params() if self.default_params is None else self.default_params
+        if not isinstance(params, self.Params):
+            raise TypeError(
+                f"params must be a {self.Params.__name__} for {type(self).__name__}, "
+                f"got {type(params).__name__}"
+            )
+        return params
+
+    def _check_schedule(self, schedule: TrainSchedule | None) -> TrainSchedule:
+        if schedule is None:
+            return self.default_schedule or TrainSchedule()
+        if not isinstance(schedule, TrainSchedule):
+            raise TypeError(f"schedule must be a TrainSchedule, got {type(schedule).__name__}")
+        return schedule
+
+    def _net_config(self, config: RewardNetConfig) -> RewardNetConfig:
+        """The network the policy builds from `net_config` (a hook; Dropout adds dropout)."""
+        return config
+
+    def _setup(self, seed: int) -> None:
+        """Build the policy's own state once the network, buffer and generators exist."""
 
     def optimizer_for(self, net: RewardNet) -> torch.optim.Optimizer | None:
         """The optimizer a refit of `net` continues (schedule.persist), else None: fresh.
@@ -110,27 +168,20 @@ class NeuralPolicy:
         )
 
 
-class EpsilonGreedy(NeuralPolicy):
+class EpsilonGreedy(NeuralPolicy[EpsilonGreedyParams]):
     """Argmax of the network's mean with probability 1 - epsilon, else uniform.
 
-    Defaults: the Showdown's `RMS` network and schedule (one hidden layer of 50, init 0.3,
-    SHOWDOWN_FIT every 50 rounds) and epsilon = 0.05.
+    Defaults: the Showdown's `RMS` schedule (SHOWDOWN_FIT every 50 rounds) and
+    `EpsilonGreedyParams()`, epsilon = 0.05.
     """
 
     name = "EpsilonGreedy"
+    Params = EpsilonGreedyParams
 
-    def __init__(
-        self,
-        net_config: RewardNetConfig,
-        schedule: TrainSchedule | None = None,
-        *,
-        epsilon: float = 0.05,
-        arm_features: Tensor | None = None,
-        device: torch.device | str = "cpu",
-        seed: int = 0,
-    ) -> None:
-        super().__init__(net_config, schedule, arm_features=arm_features, device=device, seed=seed)
-        self.epsilon = check_float("epsilon", epsilon, low=0.0, high=1.0)
+    @property
+    def epsilon(self) -> float:
+        """The probability of a uniform candidate."""
+        return self.params.epsilon
 
     def select(self, contexts: Tensor, candidates: Tensor | None = None) -> Decision:
         """Epsilon-greedy on the network's mean; exact propensity."""
@@ -143,55 +194,47 @@ class EpsilonGreedy(NeuralPolicy):
 
 
 class Greedy(EpsilonGreedy):
-    """Pure exploitation: EpsilonGreedy with epsilon = 0 (the Showdown's `RMS`)."""
+    """Pure exploitation: EpsilonGreedy with epsilon = 0 (the Showdown's `RMS`).
+
+    Its params are `EpsilonGreedyParams(epsilon=0.0)`; another epsilon is refused
+    (ValueError), since a Greedy that explores would be an EpsilonGreedy misnamed.
+    """
 
     name = "Greedy"
+    default_params = EpsilonGreedyParams(epsilon=0.0)
 
-    def __init__(
-        self,
-        net_config: RewardNetConfig,
-        schedule: TrainSchedule | None = None,
-        *,
-        arm_features: Tensor | None = None,
-        device: torch.device | str = "cpu",
-        seed: int = 0,
-    ) -> None:
-        super().__init__(
-            net_config, schedule, epsilon=0.0, arm_features=arm_features, device=device, seed=seed
-        )
+    def _check_params(self, params: EpsilonGreedyParams | None) -> EpsilonGreedyParams:
+        checked = super()._check_params(params)
+        if checked.epsilon != 0.0:
+            raise ValueError(
+                f"epsilon must be 0 for Greedy (use EpsilonGreedy to explore), "
+                f"got {checked.epsilon}"
+            )
+        return checked
 
 
-class RofuPolicy(NeuralPolicy):
+class RofuPolicy(NeuralPolicy[RofuConfig]):
     """Regularised OFU (Zhou et al. 2021, Alg. 2) on the policy's own data buffer.
 
-    Defaults: the product preset's estimator and schedule (`models.presets.PRODUCT`).
-    Decisions follow `rofu_decide`, as the service's do: with no data yet the choice is
-    uniform. With the `ntk` estimator the basis is prepared once per refit (per
-    checkpoint, as the service does), from the rows held then; |D| and the arm counts stay
-    current.
+    Params: a `RofuConfig`. Defaults: the product preset's estimator and schedule
+    (`models.presets.PRODUCT`). Decisions follow `rofu_decide`, as the service's do: with
+    no data yet the choice is uniform. With the `ntk` estimator the basis is prepared once
+    per refit (per checkpoint, as the service does), from the rows held then; |D| and the
+    arm counts stay current.
     """
 
     name = "ROFU"
+    Params = RofuConfig
+    default_params = PRODUCT.rofu
+    default_schedule = PRODUCT.schedule
 
-    def __init__(
-        self,
-        net_config: RewardNetConfig,
-        schedule: TrainSchedule | None = None,
-        *,
-        rofu: RofuConfig | None = None,
-        arm_features: Tensor | None = None,
-        device: torch.device | str = "cpu",
-        seed: int = 0,
-    ) -> None:
-        super().__init__(
-            net_config,
-            schedule or PRODUCT.schedule,
-            arm_features=arm_features,
-            device=device,
-            seed=seed,
-        )
-        self.rofu = rofu or PRODUCT.rofu
+    def _setup(self, seed: int) -> None:
         self._basis: NtkBasis | None = None
+
+    @property
+    def rofu(self) -> RofuConfig:
+        """The estimator's hyper-parameters (`params`)."""
+        return self.params
 
     def train(self) -> dict[str, float]:
         """Refit the network; a prepared NTK basis belongs to the old weights."""
@@ -231,45 +274,36 @@ NEURALUCB_SCHEDULE = TrainSchedule(
 )
 
 
-class NeuralUCB(NeuralPolicy):
+class NeuralUCB(NeuralPolicy[NeuralUCBParams]):
     """NeuralUCB (Zhou et al. 2020) with the gradient features of the policy's network.
 
     bonus = sqrt(lam * nu * g^T Z^{-1} g), g = grad_theta f(x, a), Z = lam I + sum g g^T over
     chosen pairs. `z="diag"` keeps only Z's diagonal, as the official code does; `full`
-    keeps the P x P inverse (Sherman-Morrison); `auto` is full up to `full_max_params`.
-    Defaults lam = 1e-3, nu = 1 and NEURALUCB_SCHEDULE are the official code's.
+    keeps the P x P inverse (Sherman-Morrison); `auto` is full up to `full_max_params`
+    (`NeuralUCBParams`). Defaults lam = 1e-3, nu = 1 and NEURALUCB_SCHEDULE are the
+    official code's.
     """
 
     name = "NeuralUCB"
+    Params = NeuralUCBParams
+    default_schedule = NEURALUCB_SCHEDULE
 
-    def __init__(
-        self,
-        net_config: RewardNetConfig,
-        schedule: TrainSchedule | None = None,
-        *,
-        lam: float = 1e-3,
-        nu: float = 1.0,
-        z: str = "diag",
-        full_max_params: int = 2000,
-        arm_features: Tensor | None = None,
-        device: torch.device | str = "cpu",
-        seed: int = 0,
-    ) -> None:
-        super().__init__(
-            net_config,
-            schedule or NEURALUCB_SCHEDULE,
-            arm_features=arm_features,
-            device=device,
-            seed=seed,
-        )
-        self.lam = check_float("lam", lam, low=0.0, low_open=True)
-        self.nu = check_float("nu", nu, low=0.0)
-        check_choice("z", z, ("diag", "full", "auto"))
-        n_params = sum(p.numel() for p in self.net.parameters())
-        self.full = z == "full" or (z == "auto" and n_params <= full_max_params)
+    def _setup(self, seed: int) -> None:
+        z, n_params = self.params.z, sum(p.numel() for p in self.net.parameters())
+        self.full = z == "full" or (z == "auto" and n_params <= self.params.full_max_params)
         dtype = next(self.net.parameters()).dtype
         eye = torch.ones(n_params, dtype=dtype, device=self.device) / self.lam
         self.z_inv = torch.diag(eye) if self.full else eye  # (P, P) or (P,) diagonal
+
+    @property
+    def lam(self) -> float:
+        """lambda, the ridge of Z."""
+        return self.params.lam
+
+    @property
+    def nu(self) -> float:
+        """The bonus's scale."""
+        return self.params.nu
 
     def gradients(self, x: Tensor, arms: Tensor) -> Tensor:
         """Per-pair gradients of f: (N, D), (N,) -> (N, P)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -18,15 +19,26 @@ from models.data import Transitions
 from models.networks import RewardNet, RewardNetConfig
 from models.policies.base import check_batch, greedy_decision, masked, sampled_propensity
 from models.policies.neural import NeuralPolicy
+from models.policies.params import (
+    BootstrapParams,
+    DropoutParams,
+    NeuralLinearParams,
+    ParamNoiseParams,
+    ThompsonParams,
+)
 from models.scores import Decision, Scores
-from models.training import TrainSchedule, fit
-from models.validation import check_float, check_int
+from models.training import fit
+
+ThompsonParamsT = TypeVar("ThompsonParamsT", bound=ThompsonParams)
 
 
-class _Thompson(NeuralPolicy):
+class _Thompson(NeuralPolicy[ThompsonParamsT]):
     """Shared select: argmax of one draw, propensity by `propensity_samples` re-draws."""
 
-    propensity_samples = 32
+    @property
+    def propensity_samples(self) -> int:
+        """Extra posterior draws per decision that estimate its propensity."""
+        return self.params.propensity_samples
 
     def draw(self, contexts: Tensor) -> Tensor:
         """One posterior draw of the (B, A) scores."""
@@ -48,38 +60,24 @@ class _Thompson(NeuralPolicy):
         return Decision(decision.arms, propensity, decision.scores)
 
 
-class NeuralLinear(_Thompson):
+class NeuralLinear(_Thompson[NeuralLinearParams]):
     """Bayesian linear regression on the network's last hidden layer (Showdown).
 
     Per arm (one shared regression for an arm-feature network), a normal-inverse-gamma
     posterior: precision S + lambda_prior I, sigma^2 ~ InvGamma(a0 + n/2, b0 + ...). The
     regression is refreshed every round; the network on the schedule (features of all
-    data are recomputed after each refit). Defaults a0 = b0 = 6, lambda_prior = 0.25.
+    data are recomputed after each refit). `NeuralLinearParams`: a0 = b0 = 6,
+    lambda_prior = 0.25.
     """
 
     name = "NeuralLinear"
+    Params = NeuralLinearParams
 
-    def __init__(
-        self,
-        net_config: RewardNetConfig,
-        schedule: TrainSchedule | None = None,
-        *,
-        a0: float = 6.0,
-        b0: float = 6.0,
-        lambda_prior: float = 0.25,
-        propensity_samples: int = 32,
-        arm_features: Tensor | None = None,
-        device: torch.device | str = "cpu",
-        seed: int = 0,
-    ) -> None:
-        super().__init__(net_config, schedule, arm_features=arm_features, device=device, seed=seed)
-        self.a0 = check_float("a0", a0, low=0.0, low_open=True)
-        self.b0 = check_float("b0", b0, low=0.0, low_open=True)
-        self.lambda_prior = check_float("lambda_prior", lambda_prior, low=0.0, low_open=True)
-        self.propensity_samples = check_int("propensity_samples", propensity_samples, low=0)
+    def _setup(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
-        groups = self.n_arms if net_config.per_arm_outputs else 1
-        width = (net_config.hidden or (net_config.context_dim + net_config.arm_feature_dim,))[-1]
+        config = self.net.config
+        groups = self.n_arms if config.per_arm_outputs else 1
+        width = (config.hidden or (config.context_dim + config.arm_feature_dim,))[-1]
         self.zz = torch.zeros(groups, width, width, dtype=torch.float64)  # (G, H, H)
         self.zy = torch.zeros(groups, width, dtype=torch.float64)  # (G, H)
         self.yy = torch.zeros(groups, dtype=torch.float64)
@@ -118,13 +116,13 @@ class NeuralLinear(_Thompson):
         """Per group: mean (G, H), Cholesky of the covariance (G, H, H), a (G,), b (G,)."""
         if self._posterior is None:
             eye = torch.eye(self.zz.shape[1], dtype=torch.float64)
-            precision = self.zz + self.lambda_prior * eye  # (G, H, H)
+            precision = self.zz + self.params.lambda_prior * eye  # (G, H, H)
             cov = torch.linalg.inv(precision)
             cov = 0.5 * (cov + cov.transpose(1, 2))
             mu = torch.einsum("gij,gj->gi", cov, self.zy)  # (G, H)
             quad = torch.einsum("gi,gij,gj->g", mu, precision, mu)
-            a = self.a0 + self.n / 2
-            b = self.b0 + 0.5 * (self.yy - quad).clamp(min=0)
+            a = self.params.a0 + self.n / 2
+            b = self.params.b0 + 0.5 * (self.yy - quad).clamp(min=0)
             self._posterior = (mu, torch.linalg.cholesky(cov), a, b)
         return self._posterior
 
@@ -157,33 +155,22 @@ class NeuralLinear(_Thompson):
         return (z * beta).sum(dim=-1)
 
 
-class Bootstrap(_Thompson):
+class Bootstrap(NeuralPolicy[BootstrapParams]):
     """Bootstrapped ensemble (Showdown `BootRMS`): q networks, each trained on the rows it
     drew with probability p; each decision follows one network picked uniformly.
-    Defaults q = 3, p = 0.95. The propensity is exact.
+    `BootstrapParams`: q = 3, p = 0.95. The propensity is exact.
     """
 
     name = "Bootstrap"
+    Params = BootstrapParams
 
-    def __init__(
-        self,
-        net_config: RewardNetConfig,
-        schedule: TrainSchedule | None = None,
-        *,
-        q: int = 3,
-        p: float = 0.95,
-        arm_features: Tensor | None = None,
-        device: torch.device | str = "cpu",
-        seed: int = 0,
-    ) -> None:
-        super().__init__(net_config, schedule, arm_features=arm_features, device=device, seed=seed)
-        check_int("q", q, low=1)
-        self.p = check_float("p", p, low=0.0, high=1.0, low_open=True)
+    def _setup(self, seed: int) -> None:
+        config = self.net.config
         self.members = [self.net] + [
-            RewardNet(dataclasses.replace(net_config, seed=net_config.seed + i)).to(device)
-            for i in range(1, q)
+            RewardNet(dataclasses.replace(config, seed=config.seed + i)).to(self.device)
+            for i in range(1, self.params.q)
         ]
-        self.inclusion = torch.zeros(0, q, dtype=torch.bool)  # (N, q)
+        self.inclusion = torch.zeros(0, self.params.q, dtype=torch.bool)  # (N, q)
 
     def member_scores(self, contexts: Tensor) -> Tensor:
         """(B, D) -> (q, B, A) predictions of every member."""
@@ -214,7 +201,7 @@ class Bootstrap(_Thompson):
     def update(self, batch: Transitions) -> dict[str, float]:
         """Draw each row's membership, store; refit every member on schedule."""
         check_batch(batch, self.context_dim, self.n_arms)  # a rejected batch draws nothing
-        draws = torch.rand(len(batch), len(self.members), generator=self.generator) < self.p
+        draws = torch.rand(len(batch), len(self.members), generator=self.generator) < self.params.p
         self.inclusion = torch.cat([self.inclusion, draws])
         return super().update(batch)
 
@@ -236,28 +223,19 @@ class Bootstrap(_Thompson):
         return {"loss": sum(losses) / max(len(losses), 1), "rows": float(len(data))}
 
 
-class Dropout(_Thompson):
+class Dropout(_Thompson[DropoutParams]):
     """MC-dropout Thompson sampling (Showdown `Dropout`): trained with dropout, and each
-    decision takes the argmax of one dropout-perturbed forward pass. Default keep 0.8.
+    decision takes the argmax of one dropout-perturbed forward pass. `DropoutParams`:
+    keep 0.8.
     """
 
     name = "Dropout"
+    Params = DropoutParams
 
-    def __init__(
-        self,
-        net_config: RewardNetConfig,
-        schedule: TrainSchedule | None = None,
-        *,
-        keep_prob: float = 0.8,
-        propensity_samples: int = 32,
-        arm_features: Tensor | None = None,
-        device: torch.device | str = "cpu",
-        seed: int = 0,
-    ) -> None:
-        keep = check_float("keep_prob", keep_prob, low=0.01, high=1.0)
-        config = dataclasses.replace(net_config, dropout=1.0 - keep)
-        super().__init__(config, schedule, arm_features=arm_features, device=device, seed=seed)
-        self.propensity_samples = check_int("propensity_samples", propensity_samples, low=0)
+    def _net_config(self, config: RewardNetConfig) -> RewardNetConfig:
+        return dataclasses.replace(config, dropout=1.0 - self.params.keep_prob)
+
+    def _setup(self, seed: int) -> None:
         self.dropout_generator = torch.Generator(device=self.device).manual_seed(seed + 7)
 
     def draw(self, contexts: Tensor) -> Tensor:
@@ -278,35 +256,22 @@ class Dropout(_Thompson):
         )
 
 
-class ParamNoise(_Thompson):
+class ParamNoise(_Thompson[ParamNoiseParams]):
     """Parameter-noise sampling (Plappert et al. 2018; Showdown `ParamNoise`).
 
     Each decision perturbs every weight with N(0, noise_std^2). After each refit the noise
     adapts: x1.01 if the KL between softmax(predictions) with and without noise on
     `d_samples` stored contexts is below -log(1 - eps + eps / A), else /1.01; eps *= 0.99.
-    Defaults noise_std 0.05, eps 0.1, d_samples 300.
+    `ParamNoiseParams`: noise_std 0.05, eps 0.1, d_samples 300 to start.
     """
 
     name = "ParamNoise"
+    Params = ParamNoiseParams
 
-    def __init__(
-        self,
-        net_config: RewardNetConfig,
-        schedule: TrainSchedule | None = None,
-        *,
-        noise_std: float = 0.05,
-        eps: float = 0.1,
-        d_samples: int = 300,
-        propensity_samples: int = 32,
-        arm_features: Tensor | None = None,
-        device: torch.device | str = "cpu",
-        seed: int = 0,
-    ) -> None:
-        super().__init__(net_config, schedule, arm_features=arm_features, device=device, seed=seed)
-        self.noise_std = check_float("noise_std", noise_std, low=0.0)
-        self.eps = check_float("eps", eps, low=0.0, high=1.0, low_open=True)
-        self.d_samples = check_int("d_samples", d_samples, low=1)
-        self.propensity_samples = check_int("propensity_samples", propensity_samples, low=0)
+    def _setup(self, seed: int) -> None:
+        # The noise and its KL target adapt as the policy runs; params keeps the start.
+        self.noise_std = float(self.params.noise_std)
+        self.eps = float(self.params.eps)
         self.noise_generator = torch.Generator(device=self.device).manual_seed(seed + 11)
 
     def _noisy(self, contexts: Tensor, draws: int) -> Tensor:
@@ -340,7 +305,7 @@ class ParamNoise(_Thompson):
         """Refit, then adapt the noise level."""
         metrics = super().train()
         data = self.buffer.view()
-        rows = torch.randint(len(data), (self.d_samples,), generator=self.generator)
+        rows = torch.randint(len(data), (self.params.d_samples,), generator=self.generator)
         x = data.x[rows.to(self.device)]
         with torch.no_grad():
             kl = _softmax_kl(self.predict(x), self._noisy(x, 1))

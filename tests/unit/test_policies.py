@@ -14,14 +14,20 @@ from torch import Tensor
 from models import FitConfig, RewardNetConfig, RofuConfig, Transitions, rofu_scores
 from models.policies import (
     Bootstrap,
+    BootstrapParams,
     Dropout,
+    DropoutParams,
     EpsilonGreedy,
+    EpsilonGreedyParams,
     Greedy,
     LinUCB,
     NeuralLinear,
+    NeuralLinearParams,
     NeuralPolicy,
     NeuralUCB,
+    NeuralUCBParams,
     ParamNoise,
+    ParamNoiseParams,
     Policy,
     RofuPolicy,
     TrainSchedule,
@@ -50,29 +56,49 @@ FEATURES = arm_features(A, F, seed=3)  # float64, as callers naturally build the
 BUILDERS: dict[str, Callable[[int], Policy]] = {
     "Uniform": lambda seed: Uniform(D, A, seed=seed),
     "Greedy": lambda seed: Greedy(net_config(), FAST, seed=seed),
-    "EpsilonGreedy": lambda seed: EpsilonGreedy(net_config(), FAST, epsilon=0.3, seed=seed),
-    "LinUCB": lambda seed: LinUCB(D, A, alpha=0.8, seed=seed),
-    "NeuralUCB-diag": lambda seed: NeuralUCB(net_config(), FAST, lam=0.5, z="diag", seed=seed),
-    "NeuralUCB-full": lambda seed: NeuralUCB(net_config(), FAST, lam=0.5, z="full", seed=seed),
-    "NeuralUCB-auto": lambda seed: NeuralUCB(net_config(), FAST, lam=0.5, z="auto", seed=seed),
-    "NeuralLinear": lambda seed: NeuralLinear(net_config(), FAST, propensity_samples=8, seed=seed),
-    "Bootstrap": lambda seed: Bootstrap(net_config(), FAST, q=3, seed=seed),
-    "Dropout": lambda seed: Dropout(net_config(), FAST, propensity_samples=8, seed=seed),
-    "ParamNoise": lambda seed: ParamNoise(
-        net_config(), FAST, d_samples=20, propensity_samples=8, seed=seed
+    "EpsilonGreedy": lambda seed: EpsilonGreedy(
+        net_config(), FAST, EpsilonGreedyParams(epsilon=0.3), seed=seed
     ),
-    "ROFU": lambda seed: RofuPolicy(net_config(), FAST, rofu=FAST_ROFU, seed=seed),
+    "LinUCB": lambda seed: LinUCB(D, A, alpha=0.8, seed=seed),
+    "NeuralUCB-diag": lambda seed: NeuralUCB(
+        net_config(), FAST, NeuralUCBParams(lam=0.5, z="diag"), seed=seed
+    ),
+    "NeuralUCB-full": lambda seed: NeuralUCB(
+        net_config(), FAST, NeuralUCBParams(lam=0.5, z="full"), seed=seed
+    ),
+    "NeuralUCB-auto": lambda seed: NeuralUCB(
+        net_config(), FAST, NeuralUCBParams(lam=0.5, z="auto"), seed=seed
+    ),
+    "NeuralLinear": lambda seed: NeuralLinear(
+        net_config(), FAST, NeuralLinearParams(propensity_samples=8), seed=seed
+    ),
+    "Bootstrap": lambda seed: Bootstrap(net_config(), FAST, BootstrapParams(q=3), seed=seed),
+    "Dropout": lambda seed: Dropout(
+        net_config(), FAST, DropoutParams(propensity_samples=8), seed=seed
+    ),
+    "ParamNoise": lambda seed: ParamNoise(
+        net_config(), FAST, ParamNoiseParams(d_samples=20, propensity_samples=8), seed=seed
+    ),
+    "ROFU": lambda seed: RofuPolicy(net_config(), FAST, FAST_ROFU, seed=seed),
     "ROFU-arm-features": lambda seed: RofuPolicy(
-        net_config(features=True), FAST, rofu=FAST_ROFU, arm_features=FEATURES, seed=seed
+        net_config(features=True), FAST, FAST_ROFU, arm_features=FEATURES, seed=seed
     ),
     "NeuralUCB-arm-features": lambda seed: NeuralUCB(
-        net_config(features=True), FAST, z="full", arm_features=FEATURES, seed=seed
+        net_config(features=True), FAST, NeuralUCBParams(z="full"), arm_features=FEATURES, seed=seed
     ),
     "NeuralLinear-arm-features": lambda seed: NeuralLinear(
-        net_config(features=True), FAST, propensity_samples=8, arm_features=FEATURES, seed=seed
+        net_config(features=True),
+        FAST,
+        NeuralLinearParams(propensity_samples=8),
+        arm_features=FEATURES,
+        seed=seed,
     ),
     "Dropout-arm-features": lambda seed: Dropout(
-        net_config(features=True), FAST, propensity_samples=8, arm_features=FEATURES, seed=seed
+        net_config(features=True),
+        FAST,
+        DropoutParams(propensity_samples=8),
+        arm_features=FEATURES,
+        seed=seed,
     ),
 }
 ALL = sorted(BUILDERS)
@@ -180,7 +206,7 @@ def test_uniform_propensity_is_one_over_candidates_and_choice_is_uniform():
 
 def test_epsilongreedy_propensity_matches_closed_form_and_frequencies():
     epsilon, n = 0.3, 20_000
-    policy = EpsilonGreedy(net_config(), NEVER, epsilon=epsilon, seed=4)
+    policy = EpsilonGreedy(net_config(), NEVER, EpsilonGreedyParams(epsilon=epsilon), seed=4)
     mask = torch.tensor([[True, True, False, True]])
     x = contexts(1, seed=2)
     mean = policy.net.score_all(x).detach()[0]
@@ -196,7 +222,7 @@ def test_epsilongreedy_propensity_matches_closed_form_and_frequencies():
 
 
 def test_epsilongreedy_with_epsilon_one_is_uniform_over_candidates():
-    policy = EpsilonGreedy(net_config(), NEVER, epsilon=1.0)
+    policy = EpsilonGreedy(net_config(), NEVER, EpsilonGreedyParams(epsilon=1.0))
     decision = policy.select(contexts(6), MASK[[0, 0, 1, 2, 3, 3]])
     want = 1.0 / MASK[[0, 0, 1, 2, 3, 3]].sum(1).double()
     torch.testing.assert_close(decision.propensity, want)
@@ -226,7 +252,7 @@ def test_greedy_ties_are_broken_uniformly_with_propensity_one_over_ties():
 
 def test_epsilongreedy_propensity_splits_greedy_mass_among_ties():
     epsilon = 0.2
-    policy = EpsilonGreedy(net_config(), NEVER, epsilon=epsilon, seed=5)
+    policy = EpsilonGreedy(net_config(), NEVER, EpsilonGreedyParams(epsilon=epsilon), seed=5)
     _tie_arms_0_and_2(policy)
     decision = policy.select(contexts(500, seed=2))
     tied = (decision.arms == 0) | (decision.arms == 2)
@@ -242,7 +268,7 @@ def test_linucb_without_data_ties_every_candidate():
 
 def test_bootstrap_propensity_is_share_of_members_whose_argmax_is_chosen():
     q, n = 5, 600
-    policy = Bootstrap(net_config(), NEVER, q=q, seed=2)
+    policy = Bootstrap(net_config(), NEVER, BootstrapParams(q=q), seed=2)
     x, mask = contexts(n, seed=8), MASK[torch.arange(n) % 4]
     decision = policy.select(x, mask)
     votes = torch.stack(
@@ -259,7 +285,7 @@ def test_bootstrap_propensity_is_share_of_members_whose_argmax_is_chosen():
 
 
 def test_bootstrap_choice_frequency_matches_propensity():
-    policy, n = Bootstrap(net_config(), NEVER, q=4, seed=2), 8_000
+    policy, n = Bootstrap(net_config(), NEVER, BootstrapParams(q=4), seed=2), 8_000
     x = contexts(64, seed=8)
     row = next(
         i
@@ -276,7 +302,9 @@ def test_bootstrap_choice_frequency_matches_propensity():
 
 def test_neurallinear_monte_carlo_propensity_matches_choice_frequency():
     samples, n = 200, 2_000
-    policy = NeuralLinear(net_config(), NEVER, propensity_samples=samples, seed=1)
+    policy = NeuralLinear(
+        net_config(), NEVER, NeuralLinearParams(propensity_samples=samples), seed=1
+    )
     policy.update(logged(12, seed=1))
     decision = policy.select(contexts(1, seed=0).expand(n, D))
     freq = torch.bincount(decision.arms, minlength=A).double() / n
@@ -348,7 +376,7 @@ def _play_and_record_gradients(policy: NeuralUCB, rounds: int) -> list[Tensor]:
 @pytest.mark.parametrize("schedule", [NEVER, TrainSchedule(every=4, fit=FAST_FIT)])
 def test_neuralucb_full_bonus_equals_explicit_inverse(schedule):
     lam, nu = 0.5, 2.0
-    policy = NeuralUCB(net_config(), schedule, lam=lam, nu=nu, z="full")
+    policy = NeuralUCB(net_config(), schedule, NeuralUCBParams(lam=lam, nu=nu, z="full"))
     gradients = torch.stack(_play_and_record_gradients(policy, 6))  # (N, P)
     z = lam * torch.eye(gradients.shape[1], dtype=torch.float64) + gradients.T @ gradients
     z_inv = torch.linalg.inv(z)
@@ -363,7 +391,9 @@ def test_neuralucb_full_bonus_equals_explicit_inverse(schedule):
 
 def test_neuralucb_diag_bonus_equals_diagonal_formula():
     lam, nu = 0.5, 2.0
-    policy = NeuralUCB(net_config(), TrainSchedule(every=4, fit=FAST_FIT), lam=lam, nu=nu)
+    policy = NeuralUCB(
+        net_config(), TrainSchedule(every=4, fit=FAST_FIT), NeuralUCBParams(lam=lam, nu=nu)
+    )
     gradients = torch.stack(_play_and_record_gradients(policy, 6))  # (N, P)
     z_diag = lam + gradients.square().sum(0)  # (P,)
     x = contexts(3, seed=4)
@@ -378,15 +408,15 @@ def test_neuralucb_diag_bonus_equals_diagonal_formula():
 
 
 def test_neuralucb_auto_picks_full_only_for_small_networks():
-    small = NeuralUCB(net_config((8,)), FAST, z="auto")
-    capped = NeuralUCB(net_config((8,)), FAST, z="auto", full_max_params=50)
-    large = NeuralUCB(net_config((64, 64)), FAST, z="auto")
+    small = NeuralUCB(net_config((8,)), FAST, NeuralUCBParams(z="auto"))
+    capped = NeuralUCB(net_config((8,)), FAST, NeuralUCBParams(z="auto", full_max_params=50))
+    large = NeuralUCB(net_config((64, 64)), FAST, NeuralUCBParams(z="auto"))
     assert small.full
     assert small.z_inv.shape == (84, 84)  # 5*8 + 8 + 8*4 + 4 parameters
     assert not capped.full
     assert capped.z_inv.shape == (84,)
     assert not large.full
-    assert NeuralUCB(net_config((64, 64)), FAST, z="full").full
+    assert NeuralUCB(net_config((64, 64)), FAST, NeuralUCBParams(z="full")).full
 
 
 def _features(policy: NeuralLinear, x: Tensor) -> Tensor:
@@ -402,7 +432,7 @@ def _blr_means(policy: NeuralLinear, seen: Transitions, x: Tensor) -> Tensor:
     means = []
     for arm in range(A):
         rows = phi[seen.arms == arm]
-        precision = policy.lambda_prior * eye + rows.T @ rows
+        precision = policy.params.lambda_prior * eye + rows.T @ rows
         mu = torch.linalg.solve(precision, rows.T @ seen.rewards[seen.arms == arm])
         means.append(query @ mu)
     return torch.stack(means, dim=1)
@@ -425,7 +455,7 @@ def test_neurallinear_posterior_mean_equals_closed_form_with_and_without_refit()
 
 
 def test_neurallinear_noise_posterior_matches_normal_inverse_gamma():
-    policy = NeuralLinear(net_config(), NEVER, a0=3.0, b0=2.0, lambda_prior=0.5)
+    policy = NeuralLinear(net_config(), NEVER, NeuralLinearParams(a0=3.0, b0=2.0, lambda_prior=0.5))
     data = logged(30, seed=5)
     policy.update(data)
     mu, chol, a, b = policy.posterior()
@@ -443,7 +473,7 @@ def test_neurallinear_noise_posterior_matches_normal_inverse_gamma():
 
 
 def test_rofu_policy_without_data_is_uniform_with_infinite_bonus():
-    policy, n = RofuPolicy(net_config(), FAST, rofu=FAST_ROFU), 6_000
+    policy, n = RofuPolicy(net_config(), FAST, FAST_ROFU), 6_000
     mask = MASK[torch.arange(n) % 4]
     decision = policy.select(contexts(n, seed=3), mask)
     assert bool((decision.scores.bonus[mask] == math.inf).all())
@@ -459,7 +489,7 @@ def test_rofu_policy_scores_equal_rofu_scores_on_its_buffer(features):
     kwargs = {"arm_features": FEATURES} if features else {}
     rofu = RofuConfig(steps=3, step_size=0.1, minibatch_size=16)  # minibatches: |D| = 30
     schedule = TrainSchedule(every=30, fit=FitConfig(steps=300, batch_size=30, lr=0.02))
-    policy = RofuPolicy(net_config(features=features), schedule, rofu=rofu, seed=1, **kwargs)
+    policy = RofuPolicy(net_config(features=features), schedule, rofu, seed=1, **kwargs)
     for part in range(3):
         policy.update(logged(10, seed=part))
     assert len(policy.buffer) == 30
@@ -662,17 +692,19 @@ def test_policy_rejected_update_changes_nothing(name, make, error, match):
 
 
 BAD_HYPERPARAMETERS = [
-    ("epsilon", lambda: EpsilonGreedy(net_config(), epsilon=1.5), ValueError),
-    ("epsilon", lambda: EpsilonGreedy(net_config(), epsilon=-0.1), ValueError),
-    ("q", lambda: Bootstrap(net_config(), q=0), ValueError),
-    ("q", lambda: Bootstrap(net_config(), q=2.0), TypeError),
-    ("p", lambda: Bootstrap(net_config(), p=0.0), ValueError),
-    ("keep_prob", lambda: Dropout(net_config(), keep_prob=0.0), ValueError),
-    ("keep_prob", lambda: Dropout(net_config(), keep_prob=1.2), ValueError),
-    ("lam", lambda: NeuralUCB(net_config(), lam=-1.0), ValueError),
-    ("lam", lambda: NeuralUCB(net_config(), lam=0.0), ValueError),
-    ("nu", lambda: NeuralUCB(net_config(), nu=-1.0), ValueError),
-    ("z", lambda: NeuralUCB(net_config(), z="dense"), ValueError),
+    ("epsilon", lambda: EpsilonGreedyParams(epsilon=1.5), ValueError),
+    ("epsilon", lambda: EpsilonGreedyParams(epsilon=-0.1), ValueError),
+    ("epsilon", lambda: Greedy(net_config(), params=EpsilonGreedyParams(epsilon=0.1)), ValueError),
+    ("q", lambda: BootstrapParams(q=0), ValueError),
+    ("q", lambda: BootstrapParams(q=2.0), TypeError),
+    ("p", lambda: BootstrapParams(p=0.0), ValueError),
+    ("keep_prob", lambda: DropoutParams(keep_prob=0.0), ValueError),
+    ("keep_prob", lambda: DropoutParams(keep_prob=1.2), ValueError),
+    ("lam", lambda: NeuralUCBParams(lam=-1.0), ValueError),
+    ("lam", lambda: NeuralUCBParams(lam=0.0), ValueError),
+    ("nu", lambda: NeuralUCBParams(nu=-1.0), ValueError),
+    ("z", lambda: NeuralUCBParams(z="dense"), ValueError),
+    ("full_max_params", lambda: NeuralUCBParams(full_max_params=-1), ValueError),
     ("ridge", lambda: LinUCB(D, A, ridge=0.0), ValueError),
     ("alpha", lambda: LinUCB(D, A, alpha=-1.0), ValueError),
     ("alpha", lambda: LinUCB(D, A, alpha=math.nan), ValueError),
@@ -680,12 +712,14 @@ BAD_HYPERPARAMETERS = [
     ("context_dim", lambda: LinUCB(0, A), ValueError),
     ("seed", lambda: Uniform(D, A, seed=-1), ValueError),
     ("seed", lambda: Greedy(net_config(), seed=-1), ValueError),
-    ("a0", lambda: NeuralLinear(net_config(), a0=0.0), ValueError),
-    ("lambda_prior", lambda: NeuralLinear(net_config(), lambda_prior=-1.0), ValueError),
-    ("propensity_samples", lambda: NeuralLinear(net_config(), propensity_samples=-1), ValueError),
-    ("noise_std", lambda: ParamNoise(net_config(), noise_std=-0.1), ValueError),
-    ("eps", lambda: ParamNoise(net_config(), eps=0.0), ValueError),
-    ("d_samples", lambda: ParamNoise(net_config(), d_samples=0), ValueError),
+    ("a0", lambda: NeuralLinearParams(a0=0.0), ValueError),
+    ("b0", lambda: NeuralLinearParams(b0=-1.0), ValueError),
+    ("lambda_prior", lambda: NeuralLinearParams(lambda_prior=-1.0), ValueError),
+    ("propensity_samples", lambda: NeuralLinearParams(propensity_samples=-1), ValueError),
+    ("propensity_samples", lambda: DropoutParams(propensity_samples=1.5), TypeError),
+    ("noise_std", lambda: ParamNoiseParams(noise_std=-0.1), ValueError),
+    ("eps", lambda: ParamNoiseParams(eps=0.0), ValueError),
+    ("d_samples", lambda: ParamNoiseParams(d_samples=0), ValueError),
     ("every", lambda: TrainSchedule(every=0), ValueError),
     ("dense_until", lambda: TrainSchedule(dense_until=-1), ValueError),
     ("fit", lambda: TrainSchedule(fit={"steps": 1}), TypeError),
@@ -724,7 +758,7 @@ def test_rofu_decide_is_the_one_rule_of_the_service_and_the_policy() -> None:
     explore = rofu_decide(scores, mask, torch.Generator(), explore=torch.tensor([True, False]))
     assert explore.arms.tolist() == [1, 1]  # the ucb's argmax; the mean's without exploring
     assert explore.propensity.tolist() == [1.0, 1.0]
-    policy = RofuPolicy(net_config(), FAST, rofu=FAST_ROFU, seed=3)
+    policy = RofuPolicy(net_config(), FAST, FAST_ROFU, seed=3)
     first = policy.select(torch.randn(2, D), mask)
     again = rofu_decide(None, mask, torch.Generator().manual_seed(3))
     assert first.arms.tolist() == again.arms.tolist()  # its cold start is the same rule

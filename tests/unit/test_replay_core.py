@@ -450,12 +450,13 @@ def test_configuration_records_what_the_built_policy_runs():
         build_policy("ROFU-exact", 4, 2, 0, cpu, preset=PRESETS["linear"]), preset
     )
     assert record["class"] == "RofuPolicy"
-    assert record["rofu"]["estimator"] == record["preset"]["rofu"]["estimator"] == "exact"
+    assert record["params"]["estimator"] == record["preset"]["rofu"]["estimator"] == "exact"
     assert record["net"]["activation"] == record["preset"]["activation"] == "identity"
     assert record["preset"]["name"] == "linear"
     assert record["schedule"]["fit"]["optimizer"] == "adam"
     ucb = configuration(build_policy("NeuralUCB", 4, 2, 0, cpu))
-    assert (ucb["class"], ucb["lam"], ucb["nu"], ucb["full"]) == ("NeuralUCB", 1e-3, 1.0, False)
+    assert (ucb["class"], ucb["full"]) == ("NeuralUCB", False)
+    assert ucb["params"] == {"lam": 1e-3, "nu": 1.0, "z": "diag", "full_max_params": 2000}
     assert list(ucb["net"]["hidden"]) == [100]
     assert "preset" not in ucb
     json.dumps(record)  # JSON-ready as the run file stores it
