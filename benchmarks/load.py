@@ -48,10 +48,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import torch
@@ -70,6 +70,7 @@ from benchmarks.load_report import (
 )
 from models.presets import PRODUCT
 from models.rofu_config import ESTIMATORS
+from rofu.client import AsyncRofuClient, Call, RofuError
 from service.runtime import resolve_device
 from service.settings import Settings
 
@@ -223,35 +224,38 @@ class _Budget:
         return True
 
 
-async def _post(client: httpx.AsyncClient, path: str, body: object) -> tuple[float, Any]:
-    """(seconds, the JSON body, or None when the call failed or was not 2xx)."""
+T = TypeVar("T")
+
+
+async def _timed(call: Awaitable[T]) -> tuple[float, T | None]:
+    """(seconds, the result, or None when the call failed: every failure is an error)."""
     start = time.perf_counter()
     try:
-        response = await client.post(path, json=body)
-    except httpx.HTTPError:
+        result = await call
+    except RofuError:
         return time.perf_counter() - start, None
-    return time.perf_counter() - start, response.json() if response.is_success else None
+    return time.perf_counter() - start, result
 
 
 async def _client(
-    client: httpx.AsyncClient, budget: _Budget, level: Level, rng: random.Random, rewards: float
+    client: AsyncRofuClient, budget: _Budget, level: Level, rng: random.Random, rewards: float
 ) -> None:
     dim = Workload().context_dim
     while budget.take():
         context = [rng.gauss(0, 1) for _ in range(dim)]
-        seconds, decision = await _post(client, "/select", {"context": context})
+        seconds, decision = await _timed(client.select(context))
         level.select.append(seconds)
         if decision is None:
             level.select_errors += 1
             continue
-        level.policies[decision["policy"]] = level.policies.get(decision["policy"], 0) + 1
+        level.policies[decision.policy] = level.policies.get(decision.policy, 0) + 1
         if rng.random() < rewards:
-            body = {"event_id": decision["event_id"], "value": rng.gauss(0, 1)}
-            seconds, stored = await _post(client, "/reward", body)
+            value = rng.gauss(0, 1)
+            seconds, stored = await _timed(client.reward(decision.event_id, value))
             level.reward.append(seconds)
             level.reward_errors += int(stored is None)
             if stored is not None:
-                level.acked[body["event_id"]] = body["value"]
+                level.acked[decision.event_id] = value
 
 
 async def visit(base_url: str, level: Level, args: argparse.Namespace, rng: random.Random) -> None:
@@ -259,7 +263,9 @@ async def visit(base_url: str, level: Level, args: argparse.Namespace, rng: rand
     c = level.concurrency
     limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
     requests, seconds = math.ceil(args.requests / args.rounds), args.seconds / args.rounds
-    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=60) as client:
+    # No retries: a load test counts every refused or failed call as an error.
+    client = AsyncRofuClient(base_url, timeout_s=60, retries=0, limits=limits)
+    async with client:
         warm = _Budget(args.warmup, seconds)
         await asyncio.gather(*(_client(client, warm, Level(c), rng, 0.0) for _ in range(c)))
         before = await _metrics(client, args.workers)
@@ -273,11 +279,11 @@ async def visit(base_url: str, level: Level, args: argparse.Namespace, rng: rand
     level.batch_count += batch_count
 
 
-async def _metrics(client: httpx.AsyncClient, workers: int) -> dict[str, float]:
+async def _metrics(client: AsyncRofuClient, workers: int) -> dict[str, float]:
     """The server's metrics; none with several workers (a scrape reaches one of them)."""
     if workers > 1:
         return {}
-    return parse_metrics((await client.get("/metrics")).text)
+    return parse_metrics((await client.send(Call("GET", "/metrics"))).text)
 
 
 async def drive(base_url: str, args: argparse.Namespace) -> list[Level]:

@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or DEFAULT_OUT / args.protocol
     datasets, file = ((), None) if args.report_only else _datasets(parser, args, protocol)
     if args.http:
-        return _http(args.http, datasets, file, seeds, rounds, out, args.data_dir)
+        return _http(parser, args.http, datasets, file, seeds, rounds, out, args.data_dir)
     policies = args.policies or BUILT_IN
     for name in policies:
         try:
@@ -278,6 +278,7 @@ def _combine(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: li
 
 
 def _http(
+    parser: argparse.ArgumentParser,
     url: str,
     datasets: tuple[str, ...],
     file: ClassificationFile | None,
@@ -287,13 +288,19 @@ def _http(
     data_dir: Path | None,
 ) -> int:
     from replay.datasets import load_bandit
-    from replay.http_driver import play
+    from replay.http_driver import play, serve_command
+    from rofu.client import RofuError
 
     figures = []
     for name in datasets:
         bandit = load_bandit(file if file is not None and name == file.name else name, data_dir)
         for seed in seeds:
-            run = play(url, bandit, bandit.stream(rounds, seed), seed)
+            try:
+                run = play(url, bandit, bandit.stream(rounds, seed), seed)
+            except ValueError as exc:  # the service is not shaped for the bandit
+                parser.error(f"{exc}; start a service for it with:\n  {serve_command(bandit)}")
+            except RofuError as exc:
+                parser.error(f"the service at {url} answered {exc}")
             run.result.save(out / "http" / name / f"seed{seed}-T{rounds}.npz")
             figures.append(
                 {

@@ -6,16 +6,16 @@ bandit's and exactly `n_arms` active arms; arm i is the active arm with the i-th
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
-import httpx
 import numpy as np
 
 from replay.bandits import Bandit, Stream
 from replay.simulate import WARM_START, RunResult
+from rofu.client import RofuClient
 
 
 @dataclass(frozen=True)
@@ -35,16 +35,27 @@ class HttpRun:
         }
 
 
-def service_arms(client: httpx.Client, bandit: Bandit) -> list[str]:
+def service_arms(client: RofuClient, bandit: Bandit) -> list[str]:
     """The active arm ids in slot order, checked against the bandit's shape."""
-    arms = sorted((a for a in client.get("/arms").json() if a["active"]), key=lambda a: a["slot"])
-    network = client.get("/model").json()["network"]
+    arms = sorted((a for a in client.arms() if a.active), key=lambda a: a.slot)
+    network = client.model().network
     if network["context_dim"] != bandit.context_dim or len(arms) != bandit.n_arms:
         raise ValueError(
             f"the service has context_dim {network['context_dim']} and {len(arms)} active arms;"
             f" {bandit.name} needs {bandit.context_dim} and {bandit.n_arms}"
         )
-    return [a["id"] for a in arms]
+    return [a.id for a in arms]
+
+
+def serve_command(bandit: Bandit) -> str:
+    """The command that starts an embedded service shaped for `bandit` (a fresh database:
+    arms that exist already stay active)."""
+    arms = json.dumps([{"id": f"arm-{i}"} for i in range(bandit.n_arms)], separators=(",", ":"))
+    return (
+        f"ROFU_DATABASE_URL=sqlite:///var/{bandit.name.replace(':', '-')}.sqlite "
+        f"ROFU_CONTEXT_DIM={bandit.context_dim} ROFU_MAX_ARMS={bandit.n_arms} "
+        f"ROFU_ARMS='{arms}' rofu serve"
+    )
 
 
 def play(
@@ -61,21 +72,21 @@ def play(
     select_ms, reward_ms = np.zeros(stream.rounds), np.zeros(stream.rounds)
     chosen = np.empty(stream.rounds, dtype=np.int64)
     started = time.perf_counter()
-    with httpx.Client(base_url=url, timeout=timeout_s) as client:
+    with RofuClient(url, timeout_s=timeout_s) as client:
         arm_ids = service_arms(client, bandit)
         index = {arm_id: i for i, arm_id in enumerate(arm_ids)}
         for t in range(stream.rounds):
-            body: dict[str, object] = {
-                "context": [float(v) for v in stream.contexts[t]],
-                "event_id": f"replay-{bandit.name}-{seed}-{run_id}-{t}",
-            }
-            if t < warm_start * bandit.n_arms:
-                body["arms"] = [arm_ids[t % bandit.n_arms]]
-            select_ms[t], decision = _post(client, "/select", body)
-            arm = index[decision["arm"]]
+            event_id = f"replay-{bandit.name}-{seed}-{run_id}-{t}"
+            warm = [arm_ids[t % bandit.n_arms]] if t < warm_start * bandit.n_arms else None
+            context = [float(v) for v in stream.contexts[t]]
+            start = time.perf_counter()
+            decision = client.select(context, event_id=event_id, arms=warm)
+            select_ms[t] = time.perf_counter() - start
+            arm = index[decision.arm]
             chosen[t] = arm
-            reward = {"event_id": body["event_id"], "value": float(stream.rewards[t, arm])}
-            reward_ms[t], _ = _post(client, "/reward", reward)
+            start = time.perf_counter()
+            client.reward(event_id, float(stream.rewards[t, arm]))
+            reward_ms[t] = time.perf_counter() - start
     rows = np.arange(stream.rounds)
     result = RunResult(
         bandit.name,
@@ -87,12 +98,3 @@ def play(
         time.perf_counter() - started,
     )
     return HttpRun(result, select_ms, reward_ms)
-
-
-def _post(client: httpx.Client, path: str, body: dict[str, object]) -> tuple[float, dict[str, Any]]:
-    start = time.perf_counter()
-    response = client.post(path, json=body)
-    elapsed = time.perf_counter() - start
-    if response.status_code != 200:
-        raise RuntimeError(f"{path} answered {response.status_code}: {response.text[:300]}")
-    return elapsed, response.json()

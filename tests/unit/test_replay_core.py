@@ -508,3 +508,33 @@ def test_replay_preset_is_chosen_explicitly_and_recorded(tmp_path, capsys):
         assert exc.value.code == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_replay_http_says_how_to_start_a_service_shaped_for_the_bandit(
+    tmp_path, capsys, monkeypatch
+):
+    import shlex
+
+    import replay.http_driver as http_driver
+    from replay.bandits import MLPBandit
+    from service.settings import Settings
+
+    command = http_driver.serve_command(MLPBandit())
+    for word in shlex.split(command):
+        if "=" in word:
+            monkeypatch.setenv(*word.split("=", 1))
+    settings = Settings()  # what `rofu serve` would read from that environment
+    assert settings.context_dim == MLPBandit().context_dim
+    assert len(settings.arms) == settings.max_arms == MLPBandit().n_arms
+
+    def misfit(*args, **kwargs):
+        raise ValueError("the service has context_dim 8 and 4 active arms; mlp needs 10 and 10")
+
+    monkeypatch.setattr(http_driver, "play", misfit)
+    argv = ["--http", "http://127.0.0.1:9", "--datasets", "mlp", "--seeds", "0", "--rounds", "5"]
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "mlp needs 10 and 10" in err
+    assert "ROFU_CONTEXT_DIM=10" in err

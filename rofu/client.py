@@ -1,0 +1,311 @@
+"""The rofu client: `RofuClient` (blocking) and `AsyncRofuClient` (asyncio), over httpx.
+
+    from rofu.client import RofuClient
+
+    with RofuClient("http://127.0.0.1:8000", api_key="...") as rofu:
+        decision = rofu.select([0.1, 0.5, -0.2, 0.0, 1.0, 0.3, 0.0, 0.7])
+        rofu.reward(decision.event_id, 1.0)
+
+Requests and responses are the server's own schemas (`service.schemas`). A request that
+gets a 503 or cannot connect is retried after the server's `Retry-After` (or an
+exponential backoff), at most `retries` times and never waiting longer than
+`max_backoff_s` at once. `select` draws its `event_id` before the first attempt, so a
+retry repeats the same request and the service returns the one decision it stored.
+Errors are `RofuError` with the server's code, message and field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import TypeAdapter
+
+from service.schemas import (
+    ArmResponse,
+    CheckpointInfo,
+    ModelResponse,
+    RewardResponse,
+    SelectResponse,
+)
+
+T = TypeVar("T")
+RETRY_STATUSES = frozenset({503})
+
+
+class RofuError(Exception):
+    """A request the service refused, or that failed after every retry."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.field = field
+
+    @classmethod
+    def from_response(cls, response: httpx.Response) -> RofuError:
+        """The error the service's `{"error": {...}}` body describes."""
+        try:
+            error = response.json()["error"]
+            return cls(response.status_code, error["code"], error["message"], error.get("field"))
+        except (ValueError, KeyError, TypeError):
+            return cls(response.status_code, "http_error", response.text[:200] or "no body")
+
+
+@dataclass(frozen=True)
+class Call:
+    """One API call: what to send and how to read the answer."""
+
+    method: str
+    path: str
+    body: dict[str, Any] | None = None
+    params: dict[str, Any] | None = None
+
+
+def _select(
+    context: Sequence[float],
+    event_id: str | None,
+    arms: Sequence[str] | None,
+    exclude: Sequence[str] | None,
+    explore: bool,
+) -> Call:
+    body: dict[str, Any] = {
+        "context": list(context),
+        "event_id": event_id or uuid.uuid4().hex,  # drawn once: every retry repeats it
+        "explore": explore,
+    }
+    if arms is not None:
+        body["arms"] = list(arms)
+    if exclude is not None:
+        body["exclude"] = list(exclude)
+    return Call("POST", "/select", body)
+
+
+def _parse(adapter: TypeAdapter[T], response: httpx.Response) -> T:
+    if response.status_code >= 400:
+        raise RofuError.from_response(response)
+    return adapter.validate_json(response.content)
+
+
+def _next_page(response: httpx.Response) -> str | None:
+    """The `rel="next"` target of a `Link` header, if any."""
+    link = response.links.get("next")
+    return None if link is None else str(link["url"])
+
+
+class _Retry:
+    """When to try again: a 503 or a failed connection, honouring Retry-After."""
+
+    def __init__(self, retries: int, max_backoff_s: float) -> None:
+        if retries < 0 or max_backoff_s < 0:
+            raise ValueError("retries and max_backoff_s must be >= 0")
+        self.retries = retries
+        self.max_backoff_s = max_backoff_s
+
+    def delay(self, attempt: int, response: httpx.Response | None) -> float:
+        """Seconds to wait before attempt `attempt + 1`."""
+        wait = min(0.1 * 2**attempt, self.max_backoff_s)
+        if response is not None:
+            with contextlib.suppress(ValueError):  # an HTTP date: keep the backoff
+                wait = float(response.headers.get("retry-after", wait))
+        return float(max(0.0, min(wait, self.max_backoff_s)))
+
+    def wanted(self, attempt: int, response: httpx.Response | None) -> bool:
+        """Whether to retry after this outcome (None: the connection failed)."""
+        if attempt >= self.retries:
+            return False
+        return response is None or response.status_code in RETRY_STATUSES
+
+
+SELECTED = TypeAdapter(SelectResponse)
+REWARDED = TypeAdapter(RewardResponse)
+ARM = TypeAdapter(ArmResponse)
+ARMS = TypeAdapter(list[ArmResponse])
+MODEL = TypeAdapter(ModelResponse)
+CHECKPOINTS = TypeAdapter(list[CheckpointInfo])
+
+
+class RofuClient:
+    """A blocking client of one rofu service."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 10.0,
+        retries: int = 3,
+        max_backoff_s: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
+        self._http = httpx.Client(
+            base_url=base_url, headers=headers, timeout=timeout_s, transport=transport
+        )
+        self._retry = _Retry(retries, max_backoff_s)
+
+    def __enter__(self) -> RofuClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connections."""
+        self._http.close()
+
+    def send(self, call: Call) -> httpx.Response:
+        """Send `call`, retrying as the class docstring says; the last response."""
+        attempt = 0
+        while True:
+            response: httpx.Response | None = None
+            try:
+                response = self._http.request(
+                    call.method, call.path, json=call.body, params=call.params
+                )
+            except httpx.TransportError as exc:
+                if not self._retry.wanted(attempt, None):
+                    raise RofuError(0, "unreachable", str(exc) or type(exc).__name__) from exc
+            if response is not None and not self._retry.wanted(attempt, response):
+                return response
+            time.sleep(self._retry.delay(attempt, response))
+            attempt += 1
+
+    def select(
+        self,
+        context: Sequence[float],
+        *,
+        event_id: str | None = None,
+        arms: Sequence[str] | None = None,
+        exclude: Sequence[str] | None = None,
+        explore: bool = True,
+    ) -> SelectResponse:
+        """POST /select: a decision (the same one again for a repeated `event_id`)."""
+        call = _select(context, event_id, arms, exclude, explore)
+        return _parse(SELECTED, self.send(call))
+
+    def reward(self, event_id: str, value: float) -> RewardResponse:
+        """POST /reward: the reward of a decision (a repeat is `duplicate`)."""
+        call = Call("POST", "/reward", {"event_id": event_id, "value": value})
+        return _parse(REWARDED, self.send(call))
+
+    def arms(self) -> list[ArmResponse]:
+        """GET /arms: every arm, active and retired."""
+        return _parse(ARMS, self.send(Call("GET", "/arms")))
+
+    def add_arm(self, arm_id: str, features: Sequence[float] | None = None) -> ArmResponse:
+        """POST /arms (admin key)."""
+        body = {"id": arm_id, "features": None if features is None else list(features)}
+        return _parse(ARM, self.send(Call("POST", "/arms", body)))
+
+    def retire_arm(self, arm_id: str) -> ArmResponse:
+        """DELETE /arms/{id} (admin key)."""
+        return _parse(ARM, self.send(Call("DELETE", f"/arms/{arm_id}")))
+
+    def model(self) -> ModelResponse:
+        """GET /model: the served checkpoint and its settings."""
+        return _parse(MODEL, self.send(Call("GET", "/model")))
+
+    def checkpoints(self, page_size: int = 50) -> Iterator[CheckpointInfo]:
+        """Every stored checkpoint, newest first, following the pages' `Link` headers."""
+        call: Call | None = Call("GET", "/model/checkpoints", params={"limit": page_size})
+        while call is not None:
+            response = self.send(call)
+            yield from _parse(CHECKPOINTS, response)
+            target = _next_page(response)
+            call = None if target is None else Call("GET", target)
+
+
+class AsyncRofuClient:
+    """The asyncio client: the same calls as `RofuClient`, awaited."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeout_s: float = 10.0,
+        retries: int = 3,
+        max_backoff_s: float = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        limits: httpx.Limits | None = None,
+    ) -> None:
+        headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
+        self._http = httpx.AsyncClient(
+            base_url=base_url,
+            headers=headers,
+            timeout=timeout_s,
+            transport=transport,
+            limits=limits or httpx.Limits(),
+        )
+        self._retry = _Retry(retries, max_backoff_s)
+
+    async def __aenter__(self) -> AsyncRofuClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connections."""
+        await self._http.aclose()
+
+    async def send(self, call: Call) -> httpx.Response:
+        """Send `call`, retrying as `RofuClient.send` does."""
+        attempt = 0
+        while True:
+            response: httpx.Response | None = None
+            try:
+                response = await self._http.request(
+                    call.method, call.path, json=call.body, params=call.params
+                )
+            except httpx.TransportError as exc:
+                if not self._retry.wanted(attempt, None):
+                    raise RofuError(0, "unreachable", str(exc) or type(exc).__name__) from exc
+            if response is not None and not self._retry.wanted(attempt, response):
+                return response
+            await asyncio.sleep(self._retry.delay(attempt, response))
+            attempt += 1
+
+    async def select(
+        self,
+        context: Sequence[float],
+        *,
+        event_id: str | None = None,
+        arms: Sequence[str] | None = None,
+        exclude: Sequence[str] | None = None,
+        explore: bool = True,
+    ) -> SelectResponse:
+        """POST /select."""
+        call = _select(context, event_id, arms, exclude, explore)
+        return _parse(SELECTED, await self.send(call))
+
+    async def reward(self, event_id: str, value: float) -> RewardResponse:
+        """POST /reward."""
+        call = Call("POST", "/reward", {"event_id": event_id, "value": value})
+        return _parse(REWARDED, await self.send(call))
+
+    async def arms(self) -> list[ArmResponse]:
+        """GET /arms."""
+        return _parse(ARMS, await self.send(Call("GET", "/arms")))
+
+    async def model(self) -> ModelResponse:
+        """GET /model."""
+        return _parse(MODEL, await self.send(Call("GET", "/model")))
+
+    async def checkpoints(self, page_size: int = 50) -> AsyncIterator[CheckpointInfo]:
+        """Every stored checkpoint, newest first, page by page."""
+        call: Call | None = Call("GET", "/model/checkpoints", params={"limit": page_size})
+        while call is not None:
+            response = await self.send(call)
+            for info in _parse(CHECKPOINTS, response):
+                yield info
+            target = _next_page(response)
+            call = None if target is None else Call("GET", target)

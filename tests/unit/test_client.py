@@ -1,0 +1,126 @@
+"""The rofu client: typed calls, retries that honour Retry-After and reuse the event id,
+errors with the server's code, and checkpoint pages followed through `Link`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+import rofu.client as client_module
+from rofu.client import AsyncRofuClient, RofuClient, RofuError
+from service.schemas import SelectResponse
+from tests.support import app_client, seed_checkpoint
+
+DECISION = {
+    "event_id": "",
+    "arm": "a",
+    "model_version": 0,
+    "propensity": 0.5,
+    "explore": True,
+    "policy": "cold-start",
+    "scores": [{"arm": "a", "mean": None, "bonus": None, "ucb": None}],
+}
+
+
+class Script:
+    """A mock transport answering from a list: a status (with headers) or an exception."""
+
+    def __init__(self, *steps: Any) -> None:
+        self.steps = list(steps)
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        step = self.steps.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        status, headers = step
+        if status == 200:
+            body = {**DECISION, "event_id": json.loads(request.content)["event_id"]}
+            return httpx.Response(200, json=body)
+        error = {"error": {"code": "unavailable", "message": "busy", "field": None}}
+        if status == 422:
+            error = {"error": {"code": "invalid_request", "message": "bad", "field": "context"}}
+        return httpx.Response(status, json=error, headers=headers)
+
+
+@pytest.fixture
+def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    slept: list[float] = []
+    monkeypatch.setattr(client_module.time, "sleep", slept.append)
+    return slept
+
+
+def test_a_503_is_retried_after_retry_after_with_the_same_event_id(waits):
+    script = Script((503, {"Retry-After": "2"}), httpx.ConnectError("refused"), (200, {}))
+    with RofuClient("http://rofu", transport=httpx.MockTransport(script)) as rofu:
+        decision = rofu.select([0.1, 0.2])
+    assert isinstance(decision, SelectResponse)
+    ids = {json.loads(r.content)["event_id"] for r in script.requests}
+    assert len(script.requests) == 3
+    assert ids == {decision.event_id}
+    assert waits == [2.0, 0.2]  # the server's Retry-After, then the backoff (0.1 * 2**1)
+
+
+def test_retries_are_bounded_and_refusals_are_not_retried(waits):
+    script = Script(*[(503, {"Retry-After": "600"})] * 3)
+    rofu = RofuClient("http://rofu", transport=httpx.MockTransport(script), retries=2)
+    with rofu, pytest.raises(RofuError) as failed:
+        rofu.select([0.1])
+    assert (failed.value.status, failed.value.code) == (503, "unavailable")
+    assert waits == [10.0, 10.0]  # Retry-After capped at max_backoff_s
+    bad = Script((422, {}))
+    rofu = RofuClient("http://rofu", transport=httpx.MockTransport(bad))
+    with rofu, pytest.raises(RofuError) as refused:
+        rofu.select([0.1])
+    assert (refused.value.status, refused.value.field, len(bad.requests)) == (422, "context", 1)
+    down = Script(*[httpx.ConnectError("refused")] * 2)
+    rofu = RofuClient("http://rofu", transport=httpx.MockTransport(down), retries=1)
+    with rofu, pytest.raises(RofuError, match="unreachable"):
+        rofu.reward("e", 1.0)
+    with pytest.raises(ValueError, match="retries"):
+        RofuClient("http://rofu", retries=-1)
+
+
+@pytest.mark.anyio
+async def test_async_client_retries_the_same_way(monkeypatch):
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr(client_module.asyncio, "sleep", sleep)
+    script = Script((503, {"Retry-After": "1"}), (200, {}))
+    async with AsyncRofuClient("http://rofu", transport=httpx.MockTransport(script)) as rofu:
+        decision = await rofu.select([0.3], event_id="mine")
+    assert decision.event_id == "mine"
+    assert [json.loads(r.content)["event_id"] for r in script.requests] == ["mine", "mine"]
+    assert slept == [1.0]
+
+
+@pytest.mark.anyio
+async def test_client_round_trip_against_the_app(sqlite_settings):
+    for version in range(1, 4):
+        seed_checkpoint(sqlite_settings, n_rows=20, version=version)
+    async with app_client(sqlite_settings) as (http, app):
+        transport = httpx.ASGITransport(app=app)
+        async with AsyncRofuClient(str(http.base_url), transport=transport) as rofu:
+            decision = await rofu.select([0.1, 0.2, 0.3, 0.4], arms=["arm-1", "arm-2"])
+            assert decision.arm in {"arm-1", "arm-2"}
+            assert [score.arm for score in decision.scores] == ["arm-1", "arm-2"]
+            again = await rofu.select(
+                [0.1, 0.2, 0.3, 0.4], event_id=decision.event_id, arms=["arm-1", "arm-2"]
+            )
+            assert again == decision
+            assert not (await rofu.reward(decision.event_id, 1.0)).duplicate
+            assert (await rofu.reward(decision.event_id, 1.0)).duplicate
+            assert [arm.id for arm in await rofu.arms()][:2] == ["arm-0", "arm-1"]
+            assert (await rofu.model()).version == 3
+            versions = [info.version async for info in rofu.checkpoints(page_size=2)]
+            assert versions == [3, 2, 1]
+            with pytest.raises(RofuError) as refused:
+                await rofu.select([0.1])
+            assert (refused.value.status, refused.value.field) == (422, "context")
