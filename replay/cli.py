@@ -16,7 +16,7 @@ from pathlib import Path
 from models.presets import PRESETS, PRODUCT
 from replay.datafile import ClassificationFile, DataFileError, default_name, parse_delimiter
 from replay.datasets import DATASETS, check_datasets
-from replay.policies import BUILT_IN, TUNED_PRESETS, check_policy_name
+from replay.policies import BUILT_IN, TUNED_PRESETS, canonical_policy_name
 from replay.runner import PROTOCOLS, Protocol, jobs_for, run_jobs
 
 DEFAULT_OUT = Path("results") / "tmp"  # git-ignored: a default run overwrites no committed report
@@ -160,12 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     datasets, file = ((), None) if args.report_only else _datasets(parser, args, protocol)
     if args.http:
         return _http(parser, args.http, datasets, file, seeds, rounds, out, args.data_dir)
-    policies = args.policies or BUILT_IN
-    for name in policies:
-        try:
-            check_policy_name(name)
-        except ValueError as exc:
-            parser.error(str(exc))
+    try:  # matched without regard to case; run files and reports use the canonical name
+        policies = tuple(canonical_policy_name(name) for name in args.policies or BUILT_IN)
+    except ValueError as exc:
+        parser.error(str(exc))
     if not args.report_only:
         run_jobs(
             jobs_for(datasets, policies, seeds, rounds, _preset_of(parser, args, datasets)),

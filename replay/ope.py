@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -317,10 +318,14 @@ def run_ope(
         "policies": {},
         "seconds": {},
     }
-    for name in policies or list(registry):
+    names = policies or list(registry)
+    print(f"rofu ope: {logged.name}, {len(logged)} rows, {len(names)} policies", file=sys.stderr)
+    for i, name in enumerate(names, 1):
         began = time.perf_counter()
+        print(f"rofu ope: [{i}/{len(names)}] {name} ...", end="", file=sys.stderr, flush=True)
         result = evaluate({name: registry[name]}, logged, ci=ci, seed=seed)[name]
         figures["seconds"][name] = round(time.perf_counter() - began, 2)
+        print(f" {figures['seconds'][name]:.1f} s", file=sys.stderr)
         figures["policies"][name] = {k: _jsonable(v) for k, v in result.items()}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -194,13 +194,19 @@ KNOWN = ", ".join(
 )
 
 
-def check_policy_name(name: str) -> None:
-    """Raise ValueError unless `name` is a built-in policy, a VW anchor or a valid variant."""
-    if name in POLICIES or name in PRESET_POLICIES or name in VW_ANCHORS:
-        return
-    if name.startswith(VARIANT_PREFIXES):
-        rofu_variant(name)  # raises on an unknown key or a bad value
-        return
+def canonical_policy_name(name: str) -> str:
+    """`name` as the harness spells it, matched without regard to case (`rofu-ntk` is
+    `ROFU-NTK`, `rofu@eta=1` is `ROFU@eta=1`); ValueError unless it is a built-in policy, a
+    VW anchor or a valid variant."""
+    head, at, overrides = name.partition("@")
+    spellings = {known.lower(): known for known in (*BUILT_IN, *VW_ANCHORS)}
+    canonical = spellings.get(head.lower())
+    if canonical is not None and not at:
+        return canonical
+    if canonical is not None and f"{canonical}@" in VARIANT_PREFIXES:
+        variant = f"{canonical}@{overrides}"
+        rofu_variant(variant)  # raises on an unknown key or a bad value
+        return variant
     raise ValueError(f"unknown policy {name!r}; known: {KNOWN}")
 
 

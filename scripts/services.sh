@@ -8,6 +8,9 @@ set -euo pipefail
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
 apt_install() {
+  local who=""
+  if [ "$(id -u)" -eq 0 ]; then who=" (as root)"; else who=" (with sudo)"; fi
+  echo "services.sh: installing $* with apt-get$who" >&2
   as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@"
 }
@@ -30,6 +33,7 @@ ensure_postgres() {
     hba=$(ls /etc/postgresql/*/main/pg_hba.conf | head -n 1)
     as_root sed -i '1i host all all 127.0.0.1/32 trust\nlocal all all trust' "$hba"
   fi
+  echo "services.sh: starting Postgres" >&2
   as_root pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n 1)" main start \
     || true
   wait_for "Postgres" pg_isready -q -h 127.0.0.1 -p 5432
@@ -40,6 +44,7 @@ ensure_test_database() {
   exists=$(psql -h 127.0.0.1 -U postgres -d postgres -tAc \
     "select 1 from pg_database where datname = 'test'")
   if [ "$exists" != "1" ]; then
+    echo "services.sh: creating the Postgres database test" >&2
     psql -h 127.0.0.1 -U postgres -d postgres -qc "create database test"
   fi
 }
@@ -49,6 +54,7 @@ ensure_redis() {
   if ! command -v redis-server >/dev/null 2>&1; then
     apt_install redis-server
   fi
+  echo "services.sh: starting Redis on 127.0.0.1:6379" >&2
   redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no
   wait_for "Redis" sh -c 'redis-cli -h 127.0.0.1 -p 6379 ping | grep -q PONG'
 }

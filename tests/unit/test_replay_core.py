@@ -538,3 +538,15 @@ def test_replay_http_says_how_to_start_a_service_shaped_for_the_bandit(
     err = capsys.readouterr().err
     assert "mlp needs 10 and 10" in err
     assert "ROFU_CONTEXT_DIM=10" in err
+
+
+def test_policy_names_match_without_regard_to_case():
+    from replay.policies import canonical_policy_name
+
+    assert canonical_policy_name("rofu-ntk") == "ROFU-NTK"
+    assert canonical_policy_name("linucb") == "LinUCB"
+    assert canonical_policy_name("greedy-MATCHED@fit_lr=0.01") == "Greedy-matched@fit_lr=0.01"
+    assert canonical_policy_name("Rofu@eta=2") == "ROFU@eta=2"
+    for bad in ("nope", "LinUCB@eta=1", "rofu@eta=abc"):
+        with pytest.raises(ValueError, match="unknown policy|bad value"):
+            canonical_policy_name(bad)
