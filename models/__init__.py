@@ -1,11 +1,14 @@
 """The pure ML library of rofu: reward networks, the ROFU estimator, baseline policies,
 training and checkpoints. It reads no files, databases or environment variables.
 
+A reward network is any `RewardModel` (`models.reward_model`): the MLP `RewardNet`, the
+`ConvRewardNet` on images, or a plain module wrapped by `PerArmModel` / `PairModel`.
+
 Tensor dimension letters, used in shape comments and docstrings throughout:
 
     B  requests (contexts scored together)
     A  arms (candidate actions)
-    D  context features
+    D  context features (a context of another shape, an image, is (*context_shape))
     F  arm features (arm-feature networks only)
     H  hidden units
     P  parameters of a network (flattened), or (context, arm) pairs in ROFU
@@ -15,8 +18,10 @@ Tensor dimension letters, used in shape comments and docstrings throughout:
 """
 
 from models.checkpoint import Checkpoint, CheckpointError, dump_checkpoint, load_checkpoint
+from models.convnet import ConvRewardNet, ConvRewardNetConfig
 from models.data import DataBuffer, RegulariserData, Transitions
 from models.networks import RewardNet, RewardNetConfig
+from models.reward_model import PairModel, PerArmModel, RewardModel, RewardModelConfig
 from models.rofu import RofuConfig, rofu_scores
 from models.scores import Decision, Scores
 from models.training import FitConfig, fit
@@ -24,10 +29,16 @@ from models.training import FitConfig, fit
 __all__ = [
     "Checkpoint",
     "CheckpointError",
+    "ConvRewardNet",
+    "ConvRewardNetConfig",
     "DataBuffer",
     "Decision",
     "FitConfig",
+    "PairModel",
+    "PerArmModel",
     "RegulariserData",
+    "RewardModel",
+    "RewardModelConfig",
     "RewardNet",
     "RewardNetConfig",
     "RofuConfig",

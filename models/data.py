@@ -7,7 +7,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from models.validation import check_float_tensor, check_int, require_tensor
+from models.validation import (
+    as_context_shape,
+    check_float_tensor,
+    check_int,
+    describe_contexts,
+    require_tensor,
+)
 
 
 @dataclass(frozen=True)
@@ -15,7 +21,7 @@ class Transitions:
     """Logged (context, arm, reward) triples.
 
     Attributes:
-        x: (N, D) contexts.
+        x: (N, D) contexts, or (N, *context_shape) for contexts of another shape (images).
         arms: (N,) int64 arm indices.
         rewards: (N,) observed rewards.
     """
@@ -25,8 +31,11 @@ class Transitions:
     rewards: Tensor
 
     def __post_init__(self) -> None:
-        check_float_tensor("x", self.x, ndim=2)
-        n = self.x.shape[0]
+        x = require_tensor("x", self.x)
+        if x.dim() < 2:
+            raise ValueError(f"x must have shape (N, *context_shape), got {tuple(x.shape)}")
+        check_float_tensor("x", x, ndim=x.dim())
+        n = x.shape[0]
         arms = require_tensor("arms", self.arms)
         if arms.dtype != torch.int64:
             raise TypeError(f"arms must be an int64 tensor, got {arms.dtype}")
@@ -94,25 +103,27 @@ class RegulariserData:
 class DataBuffer:
     """A growable store of transitions with per-arm counts.
 
-    With `max_size`, it keeps a uniform reservoir sample (Vitter's algorithm R, drawn from
-    `generator`) of at most `max_size` rows while `n_total` and the counts cover all data.
+    `context_dim` is D for (D,) contexts, or a tuple, the shape of one context (an image's
+    (C, H, W)). With `max_size`, it keeps a uniform reservoir sample (Vitter's algorithm R,
+    drawn from `generator`) of at most `max_size` rows while `n_total` and the counts cover
+    all data.
     """
 
     def __init__(
         self,
-        context_dim: int,
+        context_dim: int | tuple[int, ...],
         *,
         max_size: int | None = None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         generator: torch.Generator | None = None,
     ) -> None:
-        self.context_dim = check_int("context_dim", context_dim, low=1)
+        self.context_shape = as_context_shape("context_dim", context_dim)
         if max_size is not None:
             check_int("max_size", max_size, low=1)
         self.max_size = max_size
         self._generator = generator or torch.Generator().manual_seed(0)
-        self._x = torch.empty(0, context_dim, dtype=dtype, device=device)
+        self._x = torch.empty(0, *self.context_shape, dtype=dtype, device=device)
         self._arms = torch.empty(0, dtype=torch.int64, device=device)
         self._rewards = torch.empty(0, dtype=dtype, device=device)
         self._size = 0
@@ -139,7 +150,7 @@ class DataBuffer:
         if max_size is not None and len(sample) > max_size:
             raise ValueError(f"data.sample has {len(sample)} rows, more than max_size={max_size}")
         buffer = cls(
-            sample.x.shape[1],
+            tuple(sample.x.shape[1:]),
             max_size=max_size,
             dtype=sample.x.dtype,
             device=sample.x.device,
@@ -153,9 +164,11 @@ class DataBuffer:
 
     def append(self, batch: Transitions) -> None:
         """Add transitions; once `max_size` rows are held, later rows enter the reservoir."""
-        if batch.x.shape[1] != self.context_dim:
+        got = tuple(batch.x.shape[1:])
+        if got != self.context_shape:
+            got_text = got[0] if len(got) == 1 else got
             raise ValueError(
-                f"batch.x must have {self.context_dim} features, got {batch.x.shape[1]}"
+                f"batch.x must have {describe_contexts(self.context_shape)}, got {got_text}"
             )
         self._count(batch.arms)
         bulk = len(batch)

@@ -1,4 +1,4 @@
-"""Reward networks: an MLP with one output per arm, or f(x, z_a) over arm features."""
+"""The MLP reward network: one output per arm, or f(x, z_a) over arm features."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
+from models.reward_model import RewardModel
 from models.validation import check_choice, check_float, check_int
 
 
@@ -116,16 +117,23 @@ class RewardNetConfig:
             raw["hidden"] = tuple(raw["hidden"])
         return cls(**raw)
 
+    def build(self) -> RewardNet:
+        """A freshly initialised `RewardNet` of this config."""
+        return RewardNet(self)
 
-class RewardNet(nn.Module):
-    """An MLP reward model f_theta(x, a).
+
+class RewardNet(RewardModel):
+    """An MLP reward model f_theta(x, a) on (D,) contexts; the exact estimator's fast
+    kernel (`models.rofu_exact`) and the NTK's rank-one kernel understand its layers.
 
     Dropout (when `config.dropout > 0`) is applied only when a `dropout_generator` is
     passed, so every other call is deterministic and needs no train/eval switching.
     """
 
     def __init__(self, config: RewardNetConfig) -> None:
-        super().__init__()
+        super().__init__(
+            (config.context_dim,), n_arms=config.n_arms, arm_feature_dim=config.arm_feature_dim
+        )
         self.config = config
         widths = [config.context_dim + config.arm_feature_dim, *config.hidden]
         out_dim = config.n_arms if config.per_arm_outputs else 1
@@ -203,11 +211,3 @@ class RewardNet(nn.Module):
         arms = torch.arange(n_arms, device=x.device).repeat(batch)  # (B*A,)
         pairs = x.repeat_interleave(n_arms, dim=0)  # (B*A, D)
         return self.forward(pairs, arms, arm_features, dropout_generator).view(batch, n_arms)
-
-    def arm_count(self, arm_features: Tensor | None = None) -> int:
-        """Number of arms this network can score (outputs, or rows of `arm_features`)."""
-        if self.config.per_arm_outputs:
-            return self.config.n_arms
-        if arm_features is None:
-            raise ValueError("arm_features is required by an arm-feature network")
-        return int(arm_features.shape[0])

@@ -14,11 +14,17 @@ MSE + (l2 / w) |theta|^2 - f / (eta * w) with step kappa_j = step_size * step_de
 is exactly ascent on f - eta * R with step kappa_j / (eta * w), but keeps kappa meaningful
 whatever |D| is.
 
-Estimators (`RofuConfig.estimator`): `exact` runs the steps on the network, with the
-hand-written batched kernel of `models.rofu_exact` for a `RewardNet` (`kernel="functional"`
-selects the torch.func path of `models.rofu_functional`, the reference it is measured
-against); `ntk` runs them on the network's first-order expansion (`models.rofu_ntk`), from
-an `NtkBasis` that can be prepared once per checkpoint.
+The network is any `RewardModel` (`models.reward_model`): the MLP `RewardNet`, a
+`ConvRewardNet`, or a plain module wrapped as one; contexts are (B, *context_shape).
+
+Estimators (`RofuConfig.estimator`): `exact` runs the steps on the network. With
+`kernel="fast"` a `RewardNet` takes the hand-written batched kernel of `models.rofu_exact`
+and every other model falls back to the torch.func path of `models.rofu_functional`
+(`kernel="functional"` forces it: the reference the kernel is measured against). `ntk`
+runs them on the network's first-order expansion (`models.rofu_ntk`: rank-one kernels for
+a `RewardNet`, explicit per-row gradients otherwise), from an `NtkBasis` that can be
+prepared once per checkpoint. Both run the network in eval mode (batch norm on its running
+statistics) and restore the caller's mode afterwards.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from torch import Tensor
 
 from models.data import RegulariserData
 from models.networks import RewardNet
+from models.reward_model import RewardModel, evaluating
 from models.rofu_config import (
     BASELINES,
     ESTIMATORS,
@@ -42,7 +49,14 @@ from models.rofu_exact import ExactAscent
 from models.rofu_functional import FunctionalAscent
 from models.rofu_ntk import NtkBasis, features, ntk_gains, prepare_ntk
 from models.scores import Scores
-from models.validation import check_choice, check_float_tensor, check_mask_tensor, require_tensor
+from models.validation import (
+    check_choice,
+    check_context_batch,
+    check_float_tensor,
+    check_mask_tensor,
+    describe_contexts,
+    require_tensor,
+)
 
 __all__ = [
     "BASELINES",
@@ -61,7 +75,7 @@ KERNELS = ("fast", "functional")
 
 
 def rofu_scores(
-    net: RewardNet,
+    net: RewardModel,
     contexts: Tensor,
     data: RegulariserData,
     config: RofuConfig,
@@ -76,8 +90,9 @@ def rofu_scores(
     """Score B contexts x A arms with ROFU, all pairs batched.
 
     Args:
-        net: gives the network's structure (and its parameters unless `params` is given).
-        contexts: (B, D) contexts.
+        net: any `RewardModel`; gives the network's structure and buffers (and its
+            parameters unless `params` is given).
+        contexts: (B, *context_shape) contexts: (B, D) for an MLP, (B, C, H, W) images.
         data: the regulariser's data sample with |D| and per-arm counts.
         config: ROFU hyper-parameters (`config.estimator` picks exact or ntk).
         generator: draws the regulariser minibatches (CPU generator); not used by `ntk`
@@ -86,8 +101,9 @@ def rofu_scores(
         arm_features: (A, F) arm features, required by arm-feature networks.
         params: parameters theta_{t-1}; defaults to `net`'s own.
         basis: for `ntk`, the checkpoint's prepared `ntk_basis` (built here when None).
-        kernel: for `exact`, the hand-written kernel (`fast`) or torch.func
-            (`functional`, the reference).
+        kernel: for `exact`, `fast` takes the hand-written kernel where it applies (a
+            `RewardNet`) and torch.func elsewhere; `functional` always torch.func (the
+            reference).
 
     Returns:
         Scores with (B, A) mean and bonus; NaN where `candidates` is False.
@@ -107,28 +123,49 @@ def rofu_scores(
     batch_idx, arms = mask.nonzero(as_tuple=True)  # (P,), (P,)
     weights = regulariser_weights(data, arms, config).to(device, dtype)  # (P,)
     contexts = contexts.to(device, dtype)
-    if config.estimator == "ntk":
-        if basis is None:
-            basis = prepare_ntk(net, theta, data, config, generator, arm_features)
-        query = features(net, theta, contexts, arms.to(device), arm_features, batch_idx.to(device))
-        f0, gain = ntk_gains(basis, query, weights, config)
-        return _scatter(mask, batch_idx, arms, [f0], [_bonus(gain, config)], device, dtype)
-    steps = minibatch_indices(len(data.sample), config, generator)
-    sample = data.sample.to(device, dtype)  # no copy when already there
-    ascent_type = ExactAscent if kernel == "fast" else FunctionalAscent
-    ascent = ascent_type(net, sample, arm_features, config, steps)
-    mean, bonus = [], []
-    for start in range(0, arms.numel(), config.chunk_size):
-        chunk = slice(start, start + config.chunk_size)
-        pair_x = contexts[batch_idx[chunk].to(device)]  # (P, D)
-        f0, gain = ascent.ascend(theta, pair_x, arms[chunk].to(device), weights[chunk])
-        mean.append(f0)
-        bonus.append(_bonus(gain, config))
+    with evaluating(net):  # batch norm on its running statistics; the caller's mode after
+        if config.estimator == "ntk":
+            if basis is None:
+                basis = prepare_ntk(net, theta, data, config, generator, arm_features)
+            owner = batch_idx.to(device)
+            query = features(net, theta, contexts, arms.to(device), arm_features, owner)
+            f0, gain = ntk_gains(basis, query, weights, config)
+            mean, bonus = [f0], [_bonus(gain, config)]
+        else:
+            steps = minibatch_indices(len(data.sample), config, generator)
+            sample = data.sample.to(device, dtype)  # no copy when already there
+            ascent: ExactAscent | FunctionalAscent
+            if kernel == "fast" and isinstance(net, RewardNet):  # the kernel's only model
+                ascent = ExactAscent(net, sample, arm_features, config, steps)
+            else:
+                ascent = FunctionalAscent(net, sample, arm_features, config, steps)
+            mean, bonus = _ascend(ascent, theta, contexts, batch_idx, arms, weights, config)
     return _scatter(mask, batch_idx, arms, mean, bonus, device, dtype)
 
 
+def _ascend(
+    ascent: ExactAscent | FunctionalAscent,
+    theta: Params,
+    contexts: Tensor,
+    batch_idx: Tensor,
+    arms: Tensor,
+    weights: Tensor,
+    config: RofuConfig,
+) -> tuple[list[Tensor], list[Tensor]]:
+    """Means and bonuses of the P pairs (batch_idx, arms), `config.chunk_size` at a time."""
+    device = contexts.device
+    mean, bonus = [], []
+    for start in range(0, arms.numel(), config.chunk_size):
+        chunk = slice(start, start + config.chunk_size)
+        pair_x = contexts[batch_idx[chunk].to(device)]  # (P, *context_shape)
+        f0, gain = ascent.ascend(theta, pair_x, arms[chunk].to(device), weights[chunk])
+        mean.append(f0)
+        bonus.append(_bonus(gain, config))
+    return mean, bonus
+
+
 def ntk_basis(
-    net: RewardNet,
+    net: RewardModel,
     data: RegulariserData,
     config: RofuConfig,
     generator: torch.Generator,
@@ -143,11 +180,11 @@ def ntk_basis(
     """
     theta = _parameters(net, params)
     device, dtype = next(iter(theta.values())).device, next(iter(theta.values())).dtype
-    dummy = torch.zeros(0, net.config.context_dim, dtype=dtype)
+    dummy = torch.zeros(0, *net.context_shape, dtype=dtype)
     _, arm_features, _ = _validated(net, dummy, data, None, arm_features)
     if arm_features is not None:
         arm_features = arm_features.to(device, dtype)
-    with torch.no_grad():
+    with torch.no_grad(), evaluating(net):
         return prepare_ntk(net, theta, data, config, generator, arm_features)
 
 
@@ -155,9 +192,11 @@ def _bonus(gain: Tensor, config: RofuConfig) -> Tensor:
     return config.bonus_scale * gain.clamp(min=0).sqrt()
 
 
-def _parameters(net: RewardNet, params: Params | None) -> Params:
-    if not isinstance(net, RewardNet):
-        raise TypeError(f"net must be a RewardNet, got {type(net).__name__}")
+def _parameters(net: RewardModel, params: Params | None) -> Params:
+    if not isinstance(net, RewardModel):
+        raise TypeError(
+            f"net must be a RewardModel (models.reward_model), got {type(net).__name__}"
+        )
     source = params if params is not None else dict(net.named_parameters())
     expected = {name for name, _ in net.named_parameters()}
     if set(source) != expected:
@@ -166,28 +205,27 @@ def _parameters(net: RewardNet, params: Params | None) -> Params:
 
 
 def _validated(
-    net: RewardNet,
+    net: RewardModel,
     contexts: Tensor,
     data: RegulariserData,
     candidates: Tensor | None,
     arm_features: Tensor | None,
 ) -> tuple[Tensor, Tensor | None, Tensor]:
-    cfg = net.config
-    contexts = check_float_tensor("contexts", contexts, ndim=2, size={1: cfg.context_dim})
-    if cfg.per_arm_outputs:
+    contexts = check_context_batch("contexts", contexts, net.context_shape)
+    if net.per_arm_outputs:
         if arm_features is not None:
             raise ValueError("arm_features must be None for a network with one output per arm")
     else:
         arm_features = check_float_tensor(
-            "arm_features", arm_features, ndim=2, size={1: cfg.arm_feature_dim}
+            "arm_features", arm_features, ndim=2, size={1: net.arm_feature_dim}
         )
     n_arms = net.arm_count(arm_features)
     if not isinstance(data, RegulariserData):
         raise TypeError(f"data must be RegulariserData, got {type(data).__name__}")
     if len(data.sample) == 0:
         raise ValueError("data.sample is empty: ROFU needs at least one logged transition")
-    if data.sample.x.shape[1] != cfg.context_dim:
-        raise ValueError(f"data.sample.x must have {cfg.context_dim} features")
+    if tuple(data.sample.x.shape[1:]) != net.context_shape:
+        raise ValueError(f"data.sample.x must have {describe_contexts(net.context_shape)}")
     if int(data.sample.arms.max()) >= n_arms:
         raise ValueError(f"data.sample.arms refers to an arm >= {n_arms}, the number of arms")
     shape = (contexts.shape[0], n_arms)

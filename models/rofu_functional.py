@@ -1,9 +1,11 @@
 """ROFU's exact estimator through torch.func: functional_call + grad + vmap.
 
-The general path: it works for any reward model whose forward is
-`f(x, arms, arm_features) -> (N,)`, and is kept as the reference the hand-written kernel
-(`models.rofu_exact`) is measured against. All pairs run together; the first step, where
-every pair still sits at theta, shares one regulariser gradient.
+The general path: it works for any `RewardModel` (`models.reward_model`), whose forward is
+`f(x, arms, arm_features) -> (N,)` on contexts of any shape, and it is the reference the
+hand-written kernel (`models.rofu_exact`) is measured against. Parameters are ascended;
+buffers (batch norm's running statistics, read in eval mode) come from the module itself.
+All pairs run together; the first step, where every pair still sits at theta, shares one
+regulariser gradient.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ class FunctionalAscent:
             None,
             torch.zeros_like(weights),
             config.l2 / weights,
-            x[:1].expand(units, -1),
+            x[:1].expand(units, *x.shape[1:]),
             arm[:1].expand(units),
         )
         baseline = self.pair_value({k: v[group] for k, v in drift.items()}, x, arm)  # (P,)

@@ -2,7 +2,8 @@
 
 This is the definition the batched `rofu_scores` must equal to float tolerance, and the
 baseline the kernel benchmark times it against. It consumes the generator exactly as
-`rofu_scores` does, so both see the same regulariser minibatches.
+`rofu_scores` does, so both see the same regulariser minibatches, and runs each copy in
+eval mode (batch norm on its running statistics), as `rofu_scores` runs the network.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ import torch
 from torch import Tensor
 
 from models.data import RegulariserData
-from models.networks import RewardNet
+from models.reward_model import RewardModel
 from models.rofu_config import RofuConfig, minibatch_indices, regulariser_weights
 from models.scores import Scores
 
 
 def rofu_scores_naive(
-    net: RewardNet,
+    net: RewardModel,
     contexts: Tensor,
     data: RegulariserData,
     config: RofuConfig,
@@ -47,7 +48,7 @@ def rofu_scores_naive(
 
 
 def _ascend_one(
-    net: RewardNet,
+    net: RewardModel,
     x: Tensor,
     arm: int,
     data: RegulariserData,
@@ -59,7 +60,7 @@ def _ascend_one(
     push: bool,
 ) -> tuple[float, float]:
     """f at theta and after M optimiser steps (without the optimism term unless `push`)."""
-    model = copy.deepcopy(net)
+    model = copy.deepcopy(net).eval()
     optimizer = torch.optim.SGD(model.parameters(), lr=config.step_size)
     x_one, arm_one = x[None], torch.tensor([arm], device=x.device)
     with torch.no_grad():

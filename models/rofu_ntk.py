@@ -10,7 +10,8 @@ The steps then run on the coefficients (a, c, b), and need only inner products: 
 kernel K(u, v) = g(u) . g(v) between rows and queries, g . theta and |g_q|^2. For a
 `RewardNet` these come from the rank-one layer gradients, grad_{W_l} f(u) =
 delta_l(u) h_{l-1}(u)^T, so K(u, v) = sum_l (delta_l(u) . delta_l(v)) (h_{l-1}(u) . h_{l-1}(v)
-+ 1 with a bias); any other model uses explicit per-row gradients from torch.func.
++ 1 with a bias); any other `RewardModel` (a CNN, a ResNet) uses explicit per-row
+gradients from torch.func, (N, P) for N rows and P parameters.
 
 What depends only on the checkpoint and the minibatches (the rows' features, their
 residuals and the kernel blocks K_jk, k < j) is an `NtkBasis`, built once by
@@ -142,7 +143,7 @@ def features(
     """Gradient features of (context, arm) points: rank-one for a RewardNet, else explicit.
 
     Args:
-        x: (C, D) contexts; with `owner`, point n is (x[owner[n]], arms[n]).
+        x: (C, *context_shape) contexts; with `owner`, point n is (x[owner[n]], arms[n]).
         arms: (N,) arms.
         owner: (N,) context of each point, or None for one point per row of x.
     """

@@ -6,11 +6,12 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from models.data import Transitions
 from models.networks import RewardNet
-from models.validation import check_choice, check_float, check_int
+from models.reward_model import RewardModel, training
+from models.validation import check_choice, check_float, check_int, describe_contexts
 
 OPTIMIZERS = ("sgd", "adam", "rmsprop")
 SCHEDULES = ("constant", "inverse_time", "cosine")
@@ -67,7 +68,7 @@ class FitConfig:
 
 
 def fit(
-    net: RewardNet,
+    net: RewardModel,
     data: Transitions,
     config: FitConfig,
     generator: torch.Generator,
@@ -78,13 +79,17 @@ def fit(
 ) -> dict[str, float]:
     """Train `net` in place on `data` by minibatch MSE, starting from its current weights.
 
+    The network trains in train mode (batch norm on batch statistics, updating its running
+    ones); its own mode is restored afterwards.
+
     Args:
-        net: the network holding theta_{t-1}; it holds theta_t afterwards.
+        net: the reward model holding theta_{t-1}; it holds theta_t afterwards.
         data: logged transitions (N >= 1).
         config: optimiser, schedule and number of updates.
         generator: draws the minibatch rows; the same seed gives the same theta_t.
         arm_features: (A, F) arm features for an arm-feature network.
-        dropout_generator: train with dropout masks from this generator (Dropout policy).
+        dropout_generator: train with dropout masks from this generator (Dropout policy;
+            a `RewardNet` only).
         optimizer: continue this optimizer (from `make_optimizer(net, config)`), so its
             moment estimates carry over from earlier calls; None: a fresh one. The
             learning-rate schedule restarts every call either way.
@@ -93,12 +98,7 @@ def fit(
         Metrics: `loss` (mean over the last tenth of updates), `loss_first`, `steps`,
         `rows`, `grad_norm` (last, before clipping) and `lr` (last).
     """
-    if not isinstance(data, Transitions) or len(data) == 0:
-        raise ValueError("data must be a non-empty Transitions")
-    if data.x.shape[1] != net.config.context_dim:
-        raise ValueError(f"data.x must have {net.config.context_dim} features")
-    if int(data.arms.max()) >= net.arm_count(arm_features):
-        raise ValueError("data.arms refers to an arm the network cannot score")
+    _check_fit_inputs(net, data, arm_features, dropout_generator)
     device = next(net.parameters()).device
     if optimizer is None:
         optimizer = make_optimizer(net, config)
@@ -109,18 +109,20 @@ def fit(
     data = data.to(device, next(net.parameters()).dtype)
     losses: list[Tensor] = []
     grad_norm = 0.0
-    for step in range(config.steps):
-        rows = _rows(len(data), config.batch_size, generator).to(device)
-        for group in optimizer.param_groups:
-            group["lr"] = config.lr_at(step)
-        pred = net(data.x[rows], data.arms[rows], arm_features, dropout_generator)
-        loss = (pred - data.rewards[rows]).square().mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if config.max_grad_norm is not None or step == config.steps - 1:
-            grad_norm = _clip(net, config.max_grad_norm)  # the metric is the last step's
-        optimizer.step()
-        losses.append(loss.detach())
+    with training(net):
+        for step in range(config.steps):
+            rows = _rows(len(data), config.batch_size, generator).to(device)
+            for group in optimizer.param_groups:
+                group["lr"] = config.lr_at(step)
+            args = (data.x[rows], data.arms[rows], arm_features)
+            pred = net(*args) if dropout_generator is None else net(*args, dropout_generator)
+            loss = (pred - data.rewards[rows]).square().mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if config.max_grad_norm is not None or step == config.steps - 1:
+                grad_norm = _clip(net, config.max_grad_norm)  # the metric is the last step's
+            optimizer.step()
+            losses.append(loss.detach())
     tail = [float(v) for v in losses[-max(1, len(losses) // 10) :]] or [float("nan")]
     return {
         "loss": sum(tail) / len(tail),
@@ -132,13 +134,29 @@ def fit(
     }
 
 
+def _check_fit_inputs(
+    net: RewardModel,
+    data: Transitions,
+    arm_features: Tensor | None,
+    dropout_generator: torch.Generator | None,
+) -> None:
+    if not isinstance(data, Transitions) or len(data) == 0:
+        raise ValueError("data must be a non-empty Transitions")
+    if tuple(data.x.shape[1:]) != net.context_shape:
+        raise ValueError(f"data.x must have {describe_contexts(net.context_shape)}")
+    if int(data.arms.max()) >= net.arm_count(arm_features):
+        raise ValueError("data.arms refers to an arm the network cannot score")
+    if dropout_generator is not None and not isinstance(net, RewardNet):
+        raise TypeError(f"dropout_generator needs a RewardNet, got {type(net).__name__}")
+
+
 def _rows(n_rows: int, batch_size: int, generator: torch.Generator) -> Tensor:
     if batch_size >= n_rows:
         return torch.randperm(n_rows, generator=generator)
     return torch.randint(n_rows, (batch_size,), generator=generator)
 
 
-def make_optimizer(net: RewardNet, config: FitConfig) -> torch.optim.Optimizer:
+def make_optimizer(net: nn.Module, config: FitConfig) -> torch.optim.Optimizer:
     """The optimizer `config` names, over `net`'s parameters, with no state yet.
 
     Each uses its multi-tensor (`foreach`) implementation: the same arithmetic as the
@@ -167,7 +185,7 @@ def make_optimizer(net: RewardNet, config: FitConfig) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay, foreach=True)
 
 
-def _clip(net: RewardNet, max_norm: float | None) -> float:
+def _clip(net: nn.Module, max_norm: float | None) -> float:
     if max_norm is None:
         norms = [p.grad.norm() for p in net.parameters() if p.grad is not None]
         return float(torch.stack(norms).norm()) if norms else 0.0

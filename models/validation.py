@@ -29,6 +29,26 @@ def check_float_tensor(
     return tensor
 
 
+def check_context_batch(name: str, value: object, shape: tuple[int, ...]) -> Tensor:
+    """Check a finite floating (N, *shape) tensor: N contexts of `shape`."""
+    size = {dim + 1: entries for dim, entries in enumerate(shape)}
+    return check_float_tensor(name, value, ndim=1 + len(shape), size=size)
+
+
+def as_context_shape(name: str, value: object) -> tuple[int, ...]:
+    """A context shape from an int D (the shape (D,)) or a tuple of positive ints."""
+    if isinstance(value, tuple) and value:
+        return tuple(check_int(name, size, low=1) for size in value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (check_int(name, value, low=1),)
+    raise TypeError(f"{name} must be an int or a non-empty tuple of ints, got {value!r}")
+
+
+def describe_contexts(shape: tuple[int, ...]) -> str:
+    """What a context of `shape` has, for error messages: `6 features`, `shape (3, 8, 8)`."""
+    return f"{shape[0]} features" if len(shape) == 1 else f"shape {shape}"
+
+
 def check_index_tensor(
     name: str, value: object, *, ndim: int, upper: int, size: dict[int, int] | None = None
 ) -> Tensor:

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from models import RegulariserData, RewardNet, RewardNetConfig, Transitions
+from models import (
+    ConvRewardNet,
+    ConvRewardNetConfig,
+    RegulariserData,
+    RewardNet,
+    RewardNetConfig,
+    Transitions,
+)
+
+IMAGE = (3, 6, 6)  # (C, H, W) image contexts of the CNN tests
 
 
 def make_net(
@@ -31,12 +40,53 @@ def make_net(
     return RewardNet(config).to(dtype)
 
 
+def make_conv_net(
+    n_arms: int = 4,
+    *,
+    arm_feature_dim: int = 0,
+    shape: tuple[int, int, int] = IMAGE,
+    channels: tuple[int, ...] = (4, 5),
+    hidden: tuple[int, ...] = (6,),
+    batch_norm: bool = True,
+    activation: str = "relu",
+    seed: int = 0,
+) -> ConvRewardNet:
+    """A small float64 ConvRewardNet; its batch norm gets non-trivial running statistics
+    and affine parameters, so that eval mode differs from an identity."""
+    config = ConvRewardNetConfig(
+        context_shape=shape,
+        n_arms=0 if arm_feature_dim else n_arms,
+        arm_feature_dim=arm_feature_dim,
+        channels=channels,
+        hidden=hidden,
+        batch_norm=batch_norm,
+        activation=activation,
+        seed=seed,
+    )
+    net = config.build().double()
+    gen = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():
+        for norm in net.norms:
+            norm.running_mean.uniform_(-0.5, 0.5, generator=gen)
+            norm.running_var.uniform_(0.5, 2.0, generator=gen)
+            norm.weight.uniform_(0.5, 1.5, generator=gen)
+            norm.bias.uniform_(-0.2, 0.2, generator=gen)
+    return net
+
+
 def make_transitions(
-    n: int, context_dim: int, n_arms: int, *, seed: int = 0, dtype: torch.dtype = torch.float64
+    n: int,
+    context_dim: int | tuple[int, ...],
+    n_arms: int,
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
 ) -> Transitions:
-    """n random transitions with every arm present (when n >= n_arms)."""
+    """n random transitions with every arm present (when n >= n_arms); a tuple
+    `context_dim` is the shape of one context (an image)."""
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, context_dim, generator=gen, dtype=dtype)
+    shape = context_dim if isinstance(context_dim, tuple) else (context_dim,)
+    x = torch.randn(n, *shape, generator=gen, dtype=dtype)
     arms = torch.arange(n) % n_arms
     arms = arms[torch.randperm(n, generator=gen)]
     rewards = torch.randn(n, generator=gen, dtype=dtype)
@@ -45,7 +95,7 @@ def make_transitions(
 
 def make_data(
     n: int,
-    context_dim: int,
+    context_dim: int | tuple[int, ...],
     n_arms: int,
     *,
     n_total: int | None = None,

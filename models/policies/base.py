@@ -17,7 +17,7 @@ from torch import Tensor
 
 from models.data import Transitions
 from models.scores import Decision, Scores
-from models.validation import check_float_tensor, check_index_tensor, check_mask_tensor
+from models.validation import check_context_batch, check_index_tensor, check_mask_tensor
 
 
 class Policy(Protocol):
@@ -46,18 +46,23 @@ def candidate_mask(candidates: Tensor | None, batch: int, n_arms: int) -> Tensor
     return mask
 
 
-def check_contexts(contexts: Tensor, context_dim: int) -> Tensor:
-    """Validate a (B, D) batch of contexts."""
-    return check_float_tensor("contexts", contexts, ndim=2, size={1: context_dim})
+def check_contexts(contexts: Tensor, context_dim: int | tuple[int, ...]) -> Tensor:
+    """Validate a (B, D) batch of contexts, or (B, *shape) for a tuple `context_dim`."""
+    return check_context_batch("contexts", contexts, _shape(context_dim))
 
 
-def check_batch(batch: Transitions, context_dim: int, n_arms: int) -> Transitions:
-    """Validate an update batch against the policy's dimensions."""
+def check_batch(batch: Transitions, context_dim: int | tuple[int, ...], n_arms: int) -> Transitions:
+    """Validate an update batch against the policy's dimensions (a tuple `context_dim`
+    is the shape of one context)."""
     if not isinstance(batch, Transitions):
         raise TypeError(f"batch must be Transitions, got {type(batch).__name__}")
-    check_float_tensor("batch.x", batch.x, ndim=2, size={1: context_dim})
+    check_context_batch("batch.x", batch.x, _shape(context_dim))
     check_index_tensor("batch.arms", batch.arms, ndim=1, upper=n_arms)
     return batch
+
+
+def _shape(context_dim: int | tuple[int, ...]) -> tuple[int, ...]:
+    return context_dim if isinstance(context_dim, tuple) else (context_dim,)
 
 
 def masked(scores: Scores, mask: Tensor) -> Scores:

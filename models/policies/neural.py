@@ -9,7 +9,7 @@ from torch import Tensor
 from torch.func import functional_call, grad, vmap
 
 from models.data import DataBuffer, Transitions
-from models.networks import RewardNet, RewardNetConfig
+from models.networks import RewardNet
 from models.policies.base import (
     candidate_mask,
     check_batch,
@@ -20,42 +20,56 @@ from models.policies.base import (
 )
 from models.policies.params import EpsilonGreedyParams, NeuralUCBParams
 from models.presets import PRODUCT
+from models.reward_model import RewardModel, RewardModelConfig
 from models.rofu import NtkBasis, RofuConfig, ntk_basis, rofu_scores
 from models.scores import Decision, Scores
 from models.training import FitConfig, TrainSchedule, fit, make_optimizer
 from models.validation import check_float_tensor, check_int
 
 
-def _arm_features(
-    config: RewardNetConfig, arm_features: Tensor | None, net: RewardNet
-) -> Tensor | None:
+def _arm_features(net: RewardModel, arm_features: Tensor | None) -> Tensor | None:
     """Validated (A, F) arm features on the network's device and dtype (None when per-arm)."""
-    if config.per_arm_outputs:
+    if net.per_arm_outputs:
         if arm_features is not None:
             raise ValueError("arm_features must be None for a network with one output per arm")
         return None
     if arm_features is None:
         raise ValueError("arm_features is required by an arm-feature network")
     checked = check_float_tensor(
-        "arm_features", arm_features, ndim=2, size={1: config.arm_feature_dim}
+        "arm_features", arm_features, ndim=2, size={1: net.arm_feature_dim}
     )
     first = next(net.parameters())
     return checked.to(first.device, first.dtype)
+
+
+def require_mlp(net: RewardModel, policy: str) -> RewardNet:
+    """`net` as a `RewardNet`, for the policies that read its hidden layers; TypeError else."""
+    if not isinstance(net, RewardNet):
+        raise TypeError(
+            f"net_config must build a RewardNet (an MLP) for {policy}, got {type(net).__name__}"
+        )
+    return net
 
 
 ParamsT = TypeVar("ParamsT")
 
 
 class NeuralPolicy(Generic[ParamsT]):
-    """Holds a `RewardNet`, its data buffer, generators, the training schedule and the
+    """Holds a reward model, its data buffer, generators, the training schedule and the
     policy's hyper-parameters (`params`, a frozen dataclass).
+
+    The model is built from `net_config`: a `RewardNetConfig` (the MLP), a
+    `ConvRewardNetConfig` (image contexts), or any `RewardModelConfig`. Greedy,
+    EpsilonGreedy, ROFU, NeuralUCB and ParamNoise take any of them; NeuralLinear,
+    Bootstrap and Dropout read the MLP's layers and need a `RewardNetConfig`. The model
+    stays in eval mode except while `fit` trains it.
 
     This is every neural policy's one constructor. A subclass declares `Params` (its
     hyper-parameter dataclass), optionally `default_params` (else `Params()`) and
     `default_schedule` (else `TrainSchedule()`), and builds its own state in `_setup`.
 
     Args:
-        net_config: the reward network.
+        net_config: builds the reward model (`net_config.build()`).
         schedule: when and how the network is refitted; None: `default_schedule`.
         params: the policy's hyper-parameters, a `Params`; None: `default_params`.
         arm_features: (A, F) features of an arm-feature network; None for one with an
@@ -65,7 +79,8 @@ class NeuralPolicy(Generic[ParamsT]):
             has its own seed, `net_config.seed`).
 
     Raises:
-        TypeError: `schedule` or `params` of the wrong type.
+        TypeError: `schedule` or `params` of the wrong type, or a model the policy
+            cannot use.
         ValueError: a bad seed or arm features.
     """
 
@@ -76,7 +91,7 @@ class NeuralPolicy(Generic[ParamsT]):
 
     def __init__(
         self,
-        net_config: RewardNetConfig,
+        net_config: RewardModelConfig,
         schedule: TrainSchedule | None = None,
         params: ParamsT | None = None,
         *,
@@ -87,13 +102,12 @@ class NeuralPolicy(Generic[ParamsT]):
         check_int("seed", seed, low=0)
         self.params = self._check_params(params)
         self.schedule = self._check_schedule(schedule)
-        net_config = self._net_config(net_config)
-        self.net = RewardNet(net_config).to(device)
-        self.arm_features = _arm_features(net_config, arm_features, self.net)
+        self.net = self._net_config(net_config).build().to(device).eval()
+        self.arm_features = _arm_features(self.net, arm_features)
         self.n_arms = self.net.arm_count(self.arm_features)
-        self.context_dim = net_config.context_dim
+        self.context_shape = self.net.context_shape
         self.device = torch.device(device)
-        self.buffer = DataBuffer(net_config.context_dim, device=device)
+        self.buffer = DataBuffer(self.context_shape, device=device)
         self.generator = torch.Generator().manual_seed(seed)
         self.fit_generator = torch.Generator().manual_seed(seed + 1_000_003)
         self._optimizers: dict[int, tuple[FitConfig, torch.optim.Optimizer]] = {}
@@ -117,14 +131,14 @@ class NeuralPolicy(Generic[ParamsT]):
             raise TypeError(f"schedule must be a TrainSchedule, got {type(schedule).__name__}")
         return schedule
 
-    def _net_config(self, config: RewardNetConfig) -> RewardNetConfig:
+    def _net_config(self, config: RewardModelConfig) -> RewardModelConfig:
         """The network the policy builds from `net_config` (a hook; Dropout adds dropout)."""
         return config
 
     def _setup(self, seed: int) -> None:
         """Build the policy's own state once the network, buffer and generators exist."""
 
-    def optimizer_for(self, net: RewardNet) -> torch.optim.Optimizer | None:
+    def optimizer_for(self, net: RewardModel) -> torch.optim.Optimizer | None:
         """The optimizer a refit of `net` continues (schedule.persist), else None: fresh.
 
         A new one starts whenever the schedule's FitConfig has changed since the last.
@@ -138,18 +152,18 @@ class NeuralPolicy(Generic[ParamsT]):
         return kept[1]
 
     def _prepare(self, contexts: Tensor, candidates: Tensor | None) -> tuple[Tensor, Tensor]:
-        contexts = check_contexts(contexts, self.context_dim)
+        contexts = check_contexts(contexts, self.context_shape)
         mask = candidate_mask(candidates, contexts.shape[0], self.n_arms)
         return contexts.to(self.device, next(self.net.parameters()).dtype), mask
 
     def predict(self, contexts: Tensor) -> Tensor:
-        """(B, D) -> (B, A) mean rewards of the current network."""
+        """(B, *context_shape) -> (B, A) mean rewards of the current network."""
         with torch.no_grad():
             return self.net.score_all(contexts, self.arm_features)
 
     def update(self, batch: Transitions) -> dict[str, float]:
         """Store the batch; refit when the schedule says so."""
-        check_batch(batch, self.context_dim, self.n_arms)
+        check_batch(batch, self.context_shape, self.n_arms)
         before = len(self.buffer)
         self.buffer.append(batch)
         if not self.schedule.due(before, len(self.buffer)):
@@ -306,7 +320,7 @@ class NeuralUCB(NeuralPolicy[NeuralUCBParams]):
         return self.params.nu
 
     def gradients(self, x: Tensor, arms: Tensor) -> Tensor:
-        """Per-pair gradients of f: (N, D), (N,) -> (N, P)."""
+        """Per-pair gradients of f: (N, *context_shape), (N,) -> (N, P)."""
         params = {k: v.detach() for k, v in self.net.named_parameters()}
 
         def value(p: dict[str, Tensor], xi: Tensor, ai: Tensor) -> Tensor:
@@ -317,7 +331,7 @@ class NeuralUCB(NeuralPolicy[NeuralUCBParams]):
         return torch.cat([grads[k].flatten(1) for k in params], dim=1)
 
     def bonus(self, contexts: Tensor) -> Tensor:
-        """(B, D) -> (B, A) exploration bonus."""
+        """(B, *context_shape) -> (B, A) exploration bonus."""
         batch = contexts.shape[0]
         arms = torch.arange(self.n_arms, device=self.device).repeat(batch)
         g = self.gradients(contexts.repeat_interleave(self.n_arms, 0), arms)  # (B*A, P)
@@ -335,7 +349,7 @@ class NeuralUCB(NeuralPolicy[NeuralUCBParams]):
 
     def update(self, batch: Transitions) -> dict[str, float]:
         """Add g g^T of each chosen pair to Z (at the current theta), then store/refit."""
-        check_batch(batch, self.context_dim, self.n_arms)
+        check_batch(batch, self.context_shape, self.n_arms)
         dtype = next(self.net.parameters()).dtype
         g = self.gradients(batch.x.to(self.device, dtype), batch.arms.to(self.device))
         for row in g:

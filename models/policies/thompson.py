@@ -18,7 +18,7 @@ from torch.func import functional_call, vmap
 from models.data import Transitions
 from models.networks import RewardNet, RewardNetConfig
 from models.policies.base import check_batch, greedy_decision, masked, sampled_propensity
-from models.policies.neural import NeuralPolicy
+from models.policies.neural import NeuralPolicy, require_mlp
 from models.policies.params import (
     BootstrapParams,
     DropoutParams,
@@ -26,6 +26,7 @@ from models.policies.params import (
     ParamNoiseParams,
     ThompsonParams,
 )
+from models.reward_model import RewardModelConfig
 from models.scores import Decision, Scores
 from models.training import fit
 
@@ -74,8 +75,9 @@ class NeuralLinear(_Thompson[NeuralLinearParams]):
     Params = NeuralLinearParams
 
     def _setup(self, seed: int) -> None:
+        self.mlp = require_mlp(self.net, self.name)  # the network itself, as an MLP
         self.rng = np.random.default_rng(seed)
-        config = self.net.config
+        config = self.mlp.config
         groups = self.n_arms if config.per_arm_outputs else 1
         width = (config.hidden or (config.context_dim + config.arm_feature_dim,))[-1]
         self.zz = torch.zeros(groups, width, width, dtype=torch.float64)  # (G, H, H)
@@ -87,8 +89,8 @@ class NeuralLinear(_Thompson[NeuralLinearParams]):
     def features(self, x: Tensor, arms: Tensor) -> Tensor:
         """Last hidden layer of (context, arm) pairs: (N, D), (N,) -> (N, H) float64."""
         with torch.no_grad():
-            inputs = self.net.inputs(x, arms.to(self.device), self.arm_features)
-            return self.net.hidden_features(inputs).double().cpu()
+            inputs = self.mlp.inputs(x, arms.to(self.device), self.arm_features)
+            return self.mlp.hidden_features(inputs).double().cpu()
 
     def _accumulate(self, batch: Transitions) -> None:
         dtype = next(self.net.parameters()).dtype
@@ -165,9 +167,10 @@ class Bootstrap(NeuralPolicy[BootstrapParams]):
     Params = BootstrapParams
 
     def _setup(self, seed: int) -> None:
-        config = self.net.config
-        self.members = [self.net] + [
-            RewardNet(dataclasses.replace(config, seed=config.seed + i)).to(self.device)
+        self.mlp = require_mlp(self.net, self.name)
+        config = self.mlp.config
+        self.members = [self.mlp] + [
+            RewardNet(dataclasses.replace(config, seed=config.seed + i)).to(self.device).eval()
             for i in range(1, self.params.q)
         ]
         self.inclusion = torch.zeros(0, self.params.q, dtype=torch.bool)  # (N, q)
@@ -200,7 +203,7 @@ class Bootstrap(NeuralPolicy[BootstrapParams]):
 
     def update(self, batch: Transitions) -> dict[str, float]:
         """Draw each row's membership, store; refit every member on schedule."""
-        check_batch(batch, self.context_dim, self.n_arms)  # a rejected batch draws nothing
+        check_batch(batch, self.context_shape, self.n_arms)  # a rejected batch draws nothing
         draws = torch.rand(len(batch), len(self.members), generator=self.generator) < self.params.p
         self.inclusion = torch.cat([self.inclusion, draws])
         return super().update(batch)
@@ -232,27 +235,32 @@ class Dropout(_Thompson[DropoutParams]):
     name = "Dropout"
     Params = DropoutParams
 
-    def _net_config(self, config: RewardNetConfig) -> RewardNetConfig:
+    def _net_config(self, config: RewardModelConfig) -> RewardModelConfig:
+        if not isinstance(config, RewardNetConfig):
+            raise TypeError(
+                f"net_config must be a RewardNetConfig for Dropout, got {type(config).__name__}"
+            )
         return dataclasses.replace(config, dropout=1.0 - self.params.keep_prob)
 
     def _setup(self, seed: int) -> None:
+        self.mlp = require_mlp(self.net, self.name)
         self.dropout_generator = torch.Generator(device=self.device).manual_seed(seed + 7)
 
     def draw(self, contexts: Tensor) -> Tensor:
         """One dropout forward pass: (B, D) -> (B, A)."""
         with torch.no_grad():
-            return self.net.score_all(contexts, self.arm_features, self.dropout_generator)
+            return self.mlp.score_all(contexts, self.arm_features, self.dropout_generator)
 
     def train(self) -> dict[str, float]:
         """Refit with dropout masks."""
         return fit(
-            self.net,
+            self.mlp,
             self.buffer.view(),
             self.schedule.fit,
             self.fit_generator,
             arm_features=self.arm_features,
             dropout_generator=self.dropout_generator,
-            optimizer=self.optimizer_for(self.net),
+            optimizer=self.optimizer_for(self.mlp),
         )
 
 
@@ -288,7 +296,7 @@ class ParamNoise(_Thompson[ParamNoiseParams]):
         arms = torch.arange(self.n_arms, device=self.device)
 
         def one(p: dict[str, Tensor], x: Tensor) -> Tensor:
-            pairs = x.expand(self.n_arms, -1)
+            pairs = x.expand(self.n_arms, *x.shape)  # (A, *context_shape)
             out: Tensor = functional_call(self.net, p, (pairs, arms, self.arm_features))
             return out  # (A,)
 

@@ -10,7 +10,7 @@ import torch
 from models import RegulariserData, RofuConfig, Transitions, rofu_scores
 from models.rofu import minibatch_indices, regulariser_weights
 from models.rofu_naive import rofu_scores_naive
-from tests.factories import arm_features, make_data, make_net
+from tests.factories import IMAGE, arm_features, make_conv_net, make_data, make_net
 
 CONFIG = RofuConfig(steps=3, step_size=0.05, minibatch_size=16)
 
@@ -186,9 +186,27 @@ def test_rofu_scores_uses_params_instead_of_the_networks_own():
 
 
 @pytest.mark.parametrize("net", [None, "net", torch.nn.Linear(6, 4)], ids=["None", "str", "Linear"])
-def test_rofu_scores_rejects_a_net_that_is_not_a_reward_net(net):
-    with pytest.raises(TypeError, match="net must be a RewardNet"):
+def test_rofu_scores_rejects_a_net_that_is_not_a_reward_model(net):
+    with pytest.raises(TypeError, match="net must be a RewardModel"):
         rofu_scores(net, _contexts(), make_data(40, 6, 4), CONFIG, torch.Generator())
+
+
+@pytest.mark.parametrize(
+    "contexts",
+    [torch.zeros(2, 3, 6, 5), torch.zeros(2, 108), torch.zeros(3, 6, 6), torch.zeros(1, 2, *IMAGE)],
+    ids=["narrow image", "flat", "one image unbatched", "5-d"],
+)
+def test_rofu_scores_rejects_image_contexts_of_another_shape(contexts):
+    net = make_conv_net()
+    with pytest.raises(ValueError, match=r"^contexts "):
+        _score(net=net, contexts=contexts.double(), data=make_data(40, IMAGE, 4))
+
+
+def test_rofu_scores_rejects_image_data_of_another_shape():
+    with pytest.raises(ValueError, match=r"data\.sample\.x must have shape \(3, 6, 6\)"):
+        _score(
+            net=make_conv_net(), contexts=torch.zeros(2, *IMAGE), data=make_data(40, (3, 5, 5), 4)
+        )
 
 
 # --- gradient modes -------------------------------------------------------------------------
