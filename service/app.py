@@ -11,9 +11,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 
-from service.errors import ServiceError, error_response
+from service.db.faults import DatabaseFaults, as_unavailable, is_outage
+from service.deps import ClientAuth
+from service.errors import ServiceError, Unavailable, error_response
 from service.middleware import BodyLimitMiddleware, MetricsMiddleware
 from service.routes import admin, arms, health, metrics, model, reward, select
 from service.runtime import Runtime
@@ -35,11 +38,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             await runtime.aclose()
 
+    docs = settings.docs_access
     app = FastAPI(
         title="rofu",
         version="1",
         summary="Online recommendations with ROFU exploration",
         lifespan=lifespan,
+        docs_url="/docs" if docs == "open" else None,
+        redoc_url="/redoc" if docs == "open" else None,
+        openapi_url="/openapi.json" if docs == "open" else None,
     )
     app.state.runtime = runtime
     for router in (
@@ -52,10 +59,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         admin.router,
     ):
         app.include_router(router)
-    _install_error_handlers(app)
+    if docs == "key":
+        _keyed_schema(app)
+    _install_error_handlers(app, runtime.faults)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=runtime.metrics)
     return app
+
+
+def _keyed_schema(app: FastAPI) -> None:
+    """Serve /openapi.json to holders of a client API key only (ROFU_DOCS=key)."""
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[ClientAuth])
+    async def openapi_schema() -> JSONResponse:
+        return JSONResponse(app.openapi())
 
 
 HTTP_METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})
@@ -75,25 +92,36 @@ def _allowed_methods(request: Request) -> str | None:
     return None
 
 
-def _install_error_handlers(app: FastAPI) -> None:
+def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """A 422 naming the first invalid field (or the content-type, or the JSON error)."""
+    errors = exc.errors()
+    first: dict[str, Any] = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
+    content_type = request.headers.get("content-type", "")
+    if tuple(first.get("loc", ())) == ("body",) and "json" not in content_type.lower():
+        # FastAPI reads a body that is not declared JSON as nothing at all
+        got = f"{content_type!r}" if content_type else "none"
+        message = f"body: the content-type must be application/json (got {got})"
+        return error_response(422, "invalid_request", message, "content-type")
+    if first.get("type") == "json_invalid":  # loc is ("body", character offset)
+        offset = first["loc"][-1]
+        reason = first.get("ctx", {}).get("error", "JSON decode error")
+        message = f"body: not valid JSON at character {offset} ({reason})"
+        return error_response(422, "invalid_request", message, "body")
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    field = ".".join(location) or "body"
+    return error_response(422, "invalid_request", f"{field}: {first.get('msg')}", field)
+
+
+def _install_error_handlers(app: FastAPI, faults: DatabaseFaults) -> None:
     @app.exception_handler(ServiceError)
-    async def service_error(_: Request, exc: ServiceError) -> JSONResponse:
+    async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
+        if isinstance(exc, Unavailable):  # a database outage is counted and logged
+            faults.record_exception(exc, f"{request.method} {request.url.path}")
         return exc.response()
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        first: dict[str, Any] = (
-            errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
-        )
-        if first.get("type") == "json_invalid":  # loc is ("body", character offset)
-            offset = first["loc"][-1]
-            reason = first.get("ctx", {}).get("error", "JSON decode error")
-            message = f"body: not valid JSON at character {offset} ({reason})"
-            return error_response(422, "invalid_request", message, "body")
-        location = [str(part) for part in first.get("loc", ()) if part != "body"]
-        field = ".".join(location) or "body"
-        return error_response(422, "invalid_request", f"{field}: {first.get('msg')}", field)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _invalid_request(request, exc)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -107,3 +135,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return error_response(500, "internal_error", "internal error")
+
+    @app.exception_handler(SQLAlchemyError)
+    async def database_error(request: Request, exc: SQLAlchemyError) -> JSONResponse:
+        if not is_outage(exc):  # a bug (integrity, programming): a 500
+            return await unexpected(request, exc)
+        unavailable = as_unavailable(exc)
+        unavailable.__cause__ = exc
+        return await service_error(request, unavailable)

@@ -14,6 +14,9 @@ from service.db import repository
 from service.db.engine import SessionFactory
 from service.errors import InvalidInput
 
+#: The bus message that tells every replica to reload the catalogue after a change.
+ARMS_NOTICE = "arms"
+
 
 @dataclass(frozen=True)
 class Arm:

@@ -1,23 +1,43 @@
-"""Durable checkpoints: a row per version, the blob in the row or in a directory."""
+"""Durable checkpoints: a row per version, the blob in the row or in a directory.
+
+The store never hands out damaged bytes: a checkpoint whose bytes do not match its row or
+do not verify is quarantined (`service.db.quarantine`) and skipped from then on. Bytes
+that cannot be read at all (a missing file, a permission) are refused but not
+quarantined: they may come back.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
-from models.checkpoint import CheckpointError, checkpoint_checksum
-from service.db import repository
+from models.checkpoint import CheckpointError, checkpoint_checksum, load_checkpoint
+from service.db import quarantine, repository
 from service.db.engine import SessionFactory
 from service.db.tables import CheckpointRow
+from service.metrics import ServiceMetrics
+
+log = logging.getLogger("rofu.checkpoints")
+
+
+class CorruptCheckpoint(CheckpointError):
+    """A stored checkpoint whose bytes are damaged; it is quarantined."""
 
 
 class CheckpointStore:
     """Stores and fetches checkpoint blobs; the database row is the commit point."""
 
-    def __init__(self, sessions: SessionFactory, directory: Path | None = None) -> None:
+    def __init__(
+        self,
+        sessions: SessionFactory,
+        directory: Path | None = None,
+        metrics: ServiceMetrics | None = None,
+    ) -> None:
         self._sessions = sessions
         self._directory = directory
+        self._metrics = metrics
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
 
@@ -30,12 +50,18 @@ class CheckpointStore:
         rows_trained: int,
         n_total: int,
         consumed: list[str],
+        newest: int | None = None,
+        parent: int | None = None,
     ) -> CheckpointRow:
-        """Write the blob, then commit its row and the consumed decisions together.
+        """Write the blob, then commit its row and claim the consumed decisions together
+        (`repository.commit_checkpoint`, which checks `newest` and `parent`).
 
         File names carry the checksum, so nothing is ever overwritten: a crash (or a
-        second trainer losing the race for the version) leaves at most an orphan file,
-        and the decisions stay unconsumed.
+        second trainer losing its claim) leaves at most an orphan file, and the decisions
+        stay unconsumed.
+
+        Raises:
+            ClaimLost: another trainer consumed a decision or stored a checkpoint first.
         """
         path = None if self._directory is None else self._write_file(version, blob)
         row = CheckpointRow(
@@ -48,7 +74,7 @@ class CheckpointStore:
             rows_trained=rows_trained,
             n_total=n_total,
         )
-        repository.commit_checkpoint(self._sessions, row, consumed)
+        repository.commit_checkpoint(self._sessions, row, consumed, newest=newest, parent=parent)
         return row
 
     def _write_file(self, version: int, blob: bytes) -> Path:
@@ -73,30 +99,78 @@ class CheckpointStore:
         return checkpoint_checksum(blob)
 
     def blob(self, row: CheckpointRow) -> bytes:
-        """The bytes of a stored checkpoint, checked against the checksum on its row.
+        """The bytes of a stored checkpoint, verified; damaged ones are quarantined.
 
         Raises:
-            CheckpointError: the bytes are missing, unreadable or not the recorded ones.
+            CorruptCheckpoint: the checkpoint is quarantined, or its bytes are not the
+                recorded ones or do not verify (it is quarantined now).
+            CheckpointError: the bytes cannot be read (a missing file, a permission).
         """
-        if row.blob is not None:
-            blob = bytes(row.blob)
-        elif row.path is not None:
-            try:
-                blob = Path(row.path).read_bytes()
-            except OSError as exc:
-                raise CheckpointError(f"checkpoint {row.version}: {exc}") from exc
-        else:
-            raise CheckpointError(f"checkpoint {row.version} has neither blob nor path")
-        if self.checksum(blob) != row.checksum:
-            raise CheckpointError(f"checkpoint {row.version} does not match its recorded checksum")
+        if row.quarantined_at is not None:
+            raise CorruptCheckpoint(
+                f"checkpoint {row.version} is quarantined: {row.quarantine_reason}"
+            )
+        blob = self._read(row)
+        damage = _damage(row, blob)
+        if damage is not None:
+            self.quarantine(row.version, damage)
+            raise CorruptCheckpoint(f"checkpoint {row.version} is damaged: {damage}")
         return blob
 
+    @staticmethod
+    def _read(row: CheckpointRow) -> bytes:
+        if row.blob is not None:
+            return bytes(row.blob)
+        if row.path is None:
+            raise CheckpointError(f"checkpoint {row.version} has neither blob nor path")
+        try:
+            return Path(row.path).read_bytes()
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint {row.version}: {exc}") from exc
+
+    def quarantine(self, version: int, reason: str) -> bool:
+        """Record checkpoint `version` as damaged, once; logged and counted by whoever
+        records it. Returns whether this call did."""
+        if not quarantine.quarantine(self._sessions, version, reason):
+            return False
+        log.error(
+            "checkpoint %s quarantined: %s; it is never loaded again, and the newest valid "
+            "checkpoint is served and trained on",
+            version,
+            reason,
+        )
+        if self._metrics is not None:
+            self._metrics.checkpoints_quarantined.inc()
+        return True
+
     def latest(self) -> tuple[CheckpointRow, bytes] | None:
-        """The newest durable checkpoint and its bytes."""
-        row = repository.latest_checkpoint(self._sessions)
-        return None if row is None else (row, self.blob(row))
+        """The newest valid checkpoint and its bytes; damaged ones on the way are
+        quarantined and skipped.
+
+        Raises:
+            CheckpointError: the newest unquarantined checkpoint cannot be read.
+        """
+        while (row := repository.latest_checkpoint(self._sessions)) is not None:
+            try:
+                return row, self.blob(row)
+            except CorruptCheckpoint:
+                continue  # quarantined now: the next newest
+        return None
 
     def get(self, version: int) -> tuple[CheckpointRow, bytes] | None:
-        """A durable checkpoint by version, with its bytes."""
+        """A durable checkpoint by version, with its verified bytes (see `blob`)."""
         row = repository.get_checkpoint(self._sessions, version)
         return None if row is None else (row, self.blob(row))
+
+
+def _damage(row: CheckpointRow, blob: bytes) -> str | None:
+    """What is wrong with a stored checkpoint's bytes (None: they verify)."""
+    try:
+        if checkpoint_checksum(blob) != row.checksum:
+            return "the bytes do not match the recorded checksum"
+        stored = load_checkpoint(blob)  # the contents' checksum and structure
+    except CheckpointError as exc:
+        return str(exc)
+    if stored.version != row.version:
+        return f"the bytes hold version {stored.version}"
+    return None

@@ -7,8 +7,11 @@ imports); `python -m service.cli` runs them alone, in an image installed without
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import faulthandler
 import logging
+import os
 import sys
 from typing import Any
 
@@ -63,6 +66,11 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 
 def _logging(level: str) -> None:
+    # A fatal signal (e.g. SIGBUS from an unwritable SQLite WAL index) leaves a traceback
+    # in the log instead of a silent exit; worker processes inherit the variable.
+    os.environ.setdefault("PYTHONFAULTHANDLER", "1")
+    with contextlib.suppress(AttributeError, OSError, ValueError):  # stderr without an fd
+        faulthandler.enable()
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
     logging.getLogger("alembic").setLevel(logging.WARNING)
 

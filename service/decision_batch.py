@@ -129,7 +129,7 @@ class DecisionBatch:
             if outcome is None:
                 results[i] = InvalidInput(
                     "context: the model's scores for this context are not finite "
-                    "(values out of range)",
+                    "(the served network overflows; pin an earlier version)",
                     field="context",
                 )
             else:

@@ -8,7 +8,7 @@ every request.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -16,9 +16,11 @@ from fastapi import Depends, Request
 from service.batcher import MicroBatcher
 from service.catalogue import CatalogueCache
 from service.db.engine import SessionFactory
+from service.db.faults import DatabaseStatus
 from service.decision_batch import Pending, Result
 from service.follower import CheckpointFollower
 from service.metrics import ServiceMetrics
+from service.redis_bus import RedisBus
 from service.runtime import Runtime
 from service.security import KeyRing, authorise
 from service.settings import Settings
@@ -65,9 +67,14 @@ async def get_follower(request: Request) -> CheckpointFollower:
     return _runtime(request).follower
 
 
-async def get_database_check(request: Request) -> Callable[[], bool]:
-    """Whether the database answers (a blocking call: run it in the thread pool)."""
-    return _runtime(request).database_ok
+async def get_database_check(request: Request) -> Callable[[], Awaitable[DatabaseStatus]]:
+    """The readiness probe of the database (reads and writes), bounded in time."""
+    return _runtime(request).check_database
+
+
+async def get_redis_bus(request: Request) -> RedisBus | None:
+    """The Redis checkpoint bus (None in embedded mode without Redis)."""
+    return _runtime(request).redis
 
 
 async def get_keys(request: Request) -> KeyRing:
@@ -82,8 +89,9 @@ MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
 BatcherDep = Annotated[MicroBatcher[Pending, Result], Depends(get_batcher)]
 SnapshotDep = Annotated[Snapshot | None, Depends(get_snapshot)]
 FollowerDep = Annotated[CheckpointFollower, Depends(get_follower)]
-DatabaseCheckDep = Annotated[Callable[[], bool], Depends(get_database_check)]
+DatabaseCheckDep = Annotated[Callable[[], Awaitable[DatabaseStatus]], Depends(get_database_check)]
 KeysDep = Annotated[KeyRing, Depends(get_keys)]
+RedisBusDep = Annotated[RedisBus | None, Depends(get_redis_bus)]
 
 
 async def require_client(request: Request, keys: KeysDep) -> None:

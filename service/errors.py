@@ -7,7 +7,8 @@ ServiceError (500)
 ├── PayloadTooLarge (413)   body over max_body_bytes
 ├── Unauthorized (401)      missing or wrong API key; carries WWW-Authenticate
 ├── Forbidden (403)         a valid key without the needed role
-└── Unavailable (503)       a dependency (database) is down; carries Retry-After
+└── Unavailable (503)       a dependency (database) is down, full, read-only or timed
+    │                       out; carries Retry-After and, from the database, its cause
     └── BatcherClosed       the process is shutting down and takes no more decisions
 
 `ServiceError.response()` is the HTTP answer: `service.app` returns it from one exception
@@ -105,9 +106,10 @@ class Unavailable(ServiceError):
     status_code = 503
     code = "unavailable"
 
-    def __init__(self, message: str, *, retry_after: int = 2) -> None:
+    def __init__(self, message: str, *, retry_after: int = 2, cause: str | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+        self.cause = cause  # a database failure's cause (service.db.faults), for the log
 
     def headers(self) -> dict[str, str] | None:
         """When the client should retry."""

@@ -1,8 +1,10 @@
 """Checkpoint following: serve the pinned version, else the newest one, verified first.
 
 The pin lives in the database; the newest version is the larger of the Redis pointer and
-the newest stored row. A version's bytes come from the caller's hint, then Redis, then
-the durable store, each read only when the ones before it are missing or refused.
+the newest stored row, quarantined versions aside. A version's bytes come from the
+caller's hint, then Redis, then the durable store, each read only when the ones before it
+are missing or refused; damaged stored bytes are quarantined (`CheckpointStore.blob`).
+Without a pin the served version never goes back.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from models import CheckpointError, RewardNetConfig
 from service import pinning
 from service.checkpoint_store import CheckpointStore
-from service.db import repository
+from service.db import quarantine, repository
 from service.db.engine import SessionFactory
 from service.metrics import ServiceMetrics
 from service.redis_bus import RedisBus
@@ -34,8 +36,8 @@ class ModelState(StrEnum):
 
     STARTING = "starting"
     LOADED = "loaded"
-    COLD_START = "cold-start"  # no checkpoint exists yet: uniform decisions
-    REFUSED = "cold-start: checkpoints refused"  # every stored checkpoint failed verification
+    COLD_START = "cold-start"  # no valid checkpoint exists (yet): uniform decisions
+    REFUSED = "cold-start: checkpoints refused"  # every valid one was refused here
 
     @property
     def ready(self) -> bool:
@@ -73,18 +75,24 @@ class CheckpointFollower:
         return 0 if current is None else current.version
 
     def load_initial(self) -> None:
-        """Load what should be served before reporting ready; fall back to older ones."""
-        self.sync()
-        if self._holder.current is None and repository.get_pin(self._sessions) is None:
-            for row in repository.list_checkpoints(self._sessions, limit=FALLBACK_DEPTH)[1:]:
-                if any(self.accept(row.version, blob) for blob in self.copies(row.version)):
+        """Load what should be served before reporting ready; fall back to older ones.
+
+        With no valid checkpoint at all (none yet, or every one quarantined) the replica
+        is ready on the cold start; with valid ones that it refuses, it is not.
+        """
+        tried = self.sync()
+        if self._holder.current is None and tried and repository.get_pin(self._sessions) is None:
+            for row in repository.list_checkpoints(self._sessions, FALLBACK_DEPTH, before=tried):
+                if row.quarantined_at is None and any(
+                    self.accept(row.version, blob) for blob in self.copies(row.version)
+                ):
                     break
         if self._holder.current is None:
             newest = repository.latest_checkpoint(self._sessions, with_blob=False)
             self.state = ModelState.COLD_START if newest is None else ModelState.REFUSED
 
-    def sync(self, hint: Hint | None = None) -> None:
-        """Serve the pinned version, else the newest one.
+    def sync(self, hint: Hint | None = None) -> int | None:
+        """Serve the pinned version, else the newest one; returns that version.
 
         Called on every bus notice, by the poll loop, by the in-process bus and by the
         admin routes. Each copy is verified and a bad one refused, so a corrupted Redis
@@ -95,22 +103,28 @@ class CheckpointFollower:
             target = pinned if pinned is not None else self._newest_version()
             current = self._holder.current
             if target is None or (current is not None and current.version == target):
-                return
+                return target
+            if pinned is None and current is not None and current.version > target:
+                return target  # the newer one served was quarantined since: keep it
             for blob in self.copies(target, hint):
                 if self.accept(target, blob, only_newer=pinned is None):
-                    return
+                    break
+            return target
 
     def _newest_version(self) -> int | None:
-        versions = []
+        """The newest valid version: the Redis pointer unless the database has it
+        quarantined, or the newest unquarantined row."""
+        row = repository.latest_checkpoint(self._sessions, with_blob=False)
+        stored = None if row is None else row.version
+        pointer = None
         if self._redis is not None:
             try:
-                versions.append(self._redis.latest_version())
+                pointer = self._redis.latest_version()
             except redis.RedisError as exc:
                 log.warning("checkpoint pointer unavailable (%s); using the database", exc)
-        row = repository.latest_checkpoint(self._sessions, with_blob=False)
-        versions.append(None if row is None else row.version)
-        known = [v for v in versions if v is not None]
-        return max(known) if known else None
+        if pointer is None or (stored is not None and pointer <= stored):
+            return stored
+        return stored if quarantine.is_quarantined(self._sessions, pointer) else pointer
 
     def copies(self, version: int, hint: Hint | None = None) -> Iterator[bytes]:
         """The copies of `version`'s bytes, best first; each is read only when asked for."""

@@ -48,6 +48,14 @@ class ServiceMetrics:
             ["outcome"],
             registry=r,
         )
+        self.database_errors = Counter(
+            "rofu_database_errors_total",
+            "Database failures (of requests, readiness probes and background refreshes) by "
+            "cause: lock_timeout, pool_timeout, disk_full, read_only, connection, ... "
+            "(service/db/faults.py)",
+            ["cause"],
+            registry=r,
+        )
         self.model_version = Gauge(
             "rofu_model_version", "Version of the served checkpoint (0: none yet)", registry=r
         )
@@ -62,6 +70,11 @@ class ServiceMetrics:
         self.checkpoint_rejected = Counter(
             "rofu_checkpoint_rejected_total",
             "Checkpoints refused (bad checksum, shape, ...)",
+            registry=r,
+        )
+        self.checkpoints_quarantined = Counter(
+            "rofu_checkpoints_quarantined_total",
+            "Stored checkpoints found damaged and quarantined (never loaded again)",
             registry=r,
         )
         self.trainer_loss = Gauge("rofu_trainer_loss", "Training loss of the last fit", registry=r)
@@ -85,6 +98,15 @@ class ServiceMetrics:
         self.trainer_failures = Counter(
             "rofu_trainer_failures_total", "Training runs that failed", registry=r
         )
+        self.trainer_skipped = Counter(
+            "rofu_trainer_runs_skipped_total",
+            "Training runs that stored nothing because another trainer held the lock "
+            "(locked) or consumed their rows first (claim_lost)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ("locked", "claim_lost"):  # a zero series of each from the start
+            self.trainer_skipped.labels(reason)
         self.trainer_publish_failures = Counter(
             "rofu_trainer_publish_failures_total",
             "Stored checkpoints whose bus notice failed (replicas catch up by polling)",

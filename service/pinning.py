@@ -25,9 +25,13 @@ def pin(
 
     Raises:
         NotFound: no stored checkpoint has that version.
-        Conflict: the stored checkpoint fails verification (it would be refused).
+        Conflict: the stored checkpoint is quarantined, cannot be read or fails
+            verification (it would be refused).
     """
-    stored = store.get(version)
+    try:
+        stored = store.get(version)  # damaged bytes are quarantined here
+    except CheckpointError as exc:
+        raise Conflict(f"checkpoint {version} cannot be pinned: {exc}", field="version") from exc
     if stored is None:
         raise NotFound(f"no checkpoint with version {version}", field="version")
     try:

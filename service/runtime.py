@@ -14,10 +14,10 @@ from starlette.concurrency import run_in_threadpool
 from service import migrate
 from service.batcher import MicroBatcher
 from service.bus import InProcessBus
-from service.catalogue import CatalogueCache
+from service.catalogue import ARMS_NOTICE, CatalogueCache
 from service.checkpoint_store import CheckpointStore
-from service.db import repository
-from service.db.engine import make_engine, ping, session_factory
+from service.db import faults, repository
+from service.db.engine import DatabaseLimits, make_engine, session_factory
 from service.decision_batch import DecisionBatch, Pending, Result
 from service.follower import CheckpointFollower
 from service.metrics import ServiceMetrics
@@ -53,11 +53,16 @@ class Runtime:
         self.keys = KeyRing.from_settings(settings)  # refuses production without keys
         self.device = resolve_device(settings.device)
         self.metrics = ServiceMetrics()
-        self.engine = make_engine(settings.database_url)
+        self.engine = make_engine(settings.database_url, DatabaseLimits.of(settings))
+        self.faults = faults.DatabaseFaults(
+            lambda cause: self.metrics.database_errors.labels(cause).inc()
+        )
+        for cause in faults.CAUSES:  # every cause exported from the start, at 0
+            self.metrics.database_errors.labels(cause)
         self.sessions = session_factory(self.engine)
         self.catalogue = CatalogueCache(self.sessions, settings.arm_refresh_seconds)
         self.holder = SnapshotHolder()
-        self.store = CheckpointStore(self.sessions, settings.checkpoint_dir)
+        self.store = CheckpointStore(self.sessions, settings.checkpoint_dir, self.metrics)
         self.redis = (
             None
             if settings.redis_url is None
@@ -92,6 +97,8 @@ class Runtime:
         self.trainer_loop: TrainerLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._blocking_jobs: set[asyncio.Future[Any]] = set()
+        self._probe: asyncio.Task[faults.DatabaseStatus] | None = None
+        self._database_failing = False
         self.metrics.track_checkpoint_age(
             lambda: None if self.holder.current is None else self.holder.current.created_at
         )
@@ -139,11 +146,19 @@ class Runtime:
         self.catalogue.refresh()
 
     async def _on_notice(self, message: str) -> None:
-        """Follow a bus notice (or a poll): sync in a thread that `aclose` waits for."""
+        """Follow a bus notice (or a poll) in a thread that `aclose` waits for: reload the
+        arm catalogue on an arms notice, else sync the checkpoint."""
+        if message == ARMS_NOTICE:
+            try:
+                await self._in_thread(self.catalogue.refresh)
+            except Exception as exc:  # e.g. the database is down: the poll retries
+                log.warning("arm catalogue reload after a notice failed (%s)", exc)
+            return
         try:
             await self._in_thread(self.follower.sync)
-        except Exception:  # e.g. the database is down: keep serving, the poll retries
-            log.exception("checkpoint sync after notice %r failed", message)
+        except Exception as exc:  # e.g. the database is down: keep serving, the poll retries
+            if not self.faults.record_exception(exc, f"checkpoint sync ({message})"):
+                log.exception("checkpoint sync after notice %r failed", message)
 
     async def _poll(self) -> None:
         """Fallback for missed notices: check the pointer and the store periodically."""
@@ -153,17 +168,33 @@ class Runtime:
             try:
                 await self._in_thread(self.catalogue.fresh)
             except Exception as exc:  # e.g. the database is down: keep the cached catalogue
-                log.warning("arm catalogue refresh failed (%s); retrying at the next poll", exc)
+                if not self.faults.record_exception(exc, "arm catalogue refresh (poll)"):
+                    log.warning("arm catalogue refresh failed (%s); retrying at the next poll", exc)
 
     # Health and shutdown ----------------------------------------------------------------
 
-    def database_ok(self) -> bool:
-        """Whether the database answers (blocking)."""
+    async def check_database(self) -> faults.DatabaseStatus:
+        """Whether the database takes reads and writes, answered within
+        `readyz_timeout_seconds`. One probe runs at a time: callers meanwhile share it."""
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.ensure_future(self._in_thread(self._probe_database))
+        bound = self.settings.readyz_timeout_seconds
         try:
-            ping(self.engine)
-        except Exception:
-            return False
-        return True
+            return await asyncio.wait_for(asyncio.shield(self._probe), bound)
+        except TimeoutError:
+            status = faults.DatabaseStatus("timeout", "timeout", f"no answer within {bound:g}s")
+            self.faults.record("timeout", status.detail, "the readiness probe")
+            return status
+
+    def _probe_database(self) -> faults.DatabaseStatus:
+        """One readiness probe (blocking): a failure is recorded, a recovery logged."""
+        status = faults.probe(self.engine)
+        if not status.ok:
+            self.faults.record(status.cause or "other", status.detail, "the readiness probe")
+        elif self._database_failing:
+            log.info("database takes reads and writes again")
+        self._database_failing = not status.ok
+        return status
 
     async def aclose(self) -> None:
         """Stop loops, the trainer and the batcher; release Redis and the database."""
@@ -171,6 +202,8 @@ class Runtime:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._probe is not None:
+            self._probe.cancel()
         await asyncio.gather(*self._blocking_jobs, return_exceptions=True)
         if self.trainer_loop is not None:
             await run_in_threadpool(self.trainer_loop.stop)

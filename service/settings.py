@@ -104,6 +104,22 @@ class Settings(BaseSettings):
     batch_max_wait_ms: Annotated[float, Field(ge=0, le=1000)] = 2.0
     max_body_bytes: Annotated[int, Field(ge=256)] = 256 * 1024
 
+    # The API's documentation: `open` serves /docs, /redoc and /openapi.json to anyone;
+    # `key`: /openapi.json needs a client API key and the browser pages are off (a browser
+    # cannot send the key); `off`: none of them. `auto`: open in embedded mode, key in
+    # production.
+    docs: Literal["auto", "open", "key", "off"] = "auto"
+
+    # Bounded waits on the database (service.db.engine.DatabaseLimits): past any of them
+    # a request gets a 503 with Retry-After. The readiness probe (a read, and a write that
+    # is rolled back) answers within readyz_timeout_seconds.
+    db_pool_timeout_seconds: Annotated[float, Field(gt=0, le=600)] = 5.0
+    db_connect_timeout_seconds: Annotated[int, Field(ge=1, le=600)] = 5
+    db_statement_timeout_ms: Annotated[int, Field(ge=1, le=3_600_000)] = 5_000
+    db_lock_timeout_ms: Annotated[int, Field(ge=1, le=3_600_000)] = 2_000
+    sqlite_busy_timeout_ms: Annotated[int, Field(ge=1, le=3_600_000)] = 5_000
+    readyz_timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 2.0
+
     # The trainer.
     embedded_trainer: bool = True
     train_every_rewards: Annotated[int, Field(ge=1)] = 50
@@ -186,6 +202,23 @@ class Settings(BaseSettings):
                 raise ValueError("production mode needs a Postgres database_url, not SQLite")
             if self.redis_url is None:
                 raise ValueError("production mode needs redis_url (the checkpoint bus)")
+        return self
+
+    @property
+    def docs_access(self) -> Literal["open", "key", "off"]:
+        """Who may read the API's documentation (`docs`, with `auto` resolved)."""
+        if self.docs == "auto":
+            return "key" if self.mode == "production" else "open"
+        return self.docs
+
+    @model_validator(mode="after")
+    def _lock_within_statement(self) -> Settings:
+        if self.db_lock_timeout_ms > self.db_statement_timeout_ms:
+            raise ValueError(
+                f"db_lock_timeout_ms ({self.db_lock_timeout_ms}) exceeds "
+                f"db_statement_timeout_ms ({self.db_statement_timeout_ms}): the statement "
+                "would be cancelled before its lock wait ends"
+            )
         return self
 
     @property

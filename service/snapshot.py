@@ -26,6 +26,22 @@ class Snapshot:
     data: RegulariserData
     created_at: float  # unix time the trainer made it
     loaded_at: float  # unix time this replica loaded it
+    # (D,) the range a context is clamped into before it is scored (None: no data yet)
+    context_low: torch.Tensor | None = None
+    context_high: torch.Tensor | None = None
+
+    def bounded(self, contexts: torch.Tensor) -> torch.Tensor:
+        """(B, D) contexts clamped, feature by feature, into the range the network was
+        trained on, widened on each side by that range's width (at least 1).
+
+        A network is only trustworthy near its data, and far outside it its outputs and
+        ROFU's ascent overflow; clamped, every accepted context can be scored.
+        """
+        if self.context_low is None or self.context_high is None:
+            return contexts
+        low = self.context_low.to(contexts.device, contexts.dtype)
+        high = self.context_high.to(contexts.device, contexts.dtype)
+        return torch.minimum(torch.maximum(contexts, low), high)
 
     @classmethod
     def from_blob(cls, blob: bytes, expect: RewardNetConfig, device: torch.device) -> Snapshot:
@@ -41,6 +57,12 @@ class Snapshot:
         data = RegulariserData(
             checkpoint.data.sample.to(device), checkpoint.data.n_total, checkpoint.data.arm_counts
         )
+        low = high = None
+        x = checkpoint.data.sample.x
+        if x.shape[0] > 0:
+            seen_low, seen_high = x.min(dim=0).values, x.max(dim=0).values
+            width = (seen_high - seen_low).clamp(min=1.0)
+            low, high = seen_low - width, seen_high + width
         return cls(
             version=checkpoint.version,
             checksum=checkpoint_checksum(blob),
@@ -48,6 +70,8 @@ class Snapshot:
             data=data,
             created_at=created_at,
             loaded_at=time.time(),
+            context_low=low,
+            context_high=high,
         )
 
 

@@ -1,11 +1,14 @@
 """The trainer: a loop around the pure `models.fit`.
 
-Each run reads the decisions whose reward window has closed and that no checkpoint has
-consumed yet, refits theta_t from theta_{t-1} (the latest durable checkpoint) on the
-checkpoint's data sample plus the new rows, stores the new checkpoint durably together
-with the mark on the consumed decisions (one transaction), then publishes it. A run takes
-the preset's optimizer steps per new row (`Settings.fit_config`), and with `fit_persist`
-continues its optimizer while it continues the checkpoint it published last.
+Each run, under the trainer lock (`service.db.trainer_lock`), reads the decisions whose
+reward window has closed and that no checkpoint has consumed yet, refits theta_t from the
+newest valid checkpoint (damaged ones are quarantined on the way) on its data sample plus
+the new rows, stores the new checkpoint durably in one transaction with the claim on the
+consumed decisions, then publishes it. The claim fails, storing nothing, if another
+trainer consumed one of the rows or stored a checkpoint since the run read them. A run
+with nothing to train on claims its rows and stores no version. A run takes the preset's
+optimizer steps per new row (`Settings.fit_config`), and with `fit_persist` continues its
+optimizer while it continues the checkpoint it published last.
 
 Reward-window rule: a decision is consumed once `reward_window_seconds` have passed since
 it was made. If its reward arrived by then it is trained on; if not, it is trained on
@@ -42,8 +45,9 @@ from models.training import make_optimizer
 from service.bus import CheckpointBus
 from service.catalogue import CatalogueCache
 from service.checkpoint_store import CheckpointStore
-from service.db import repository
+from service.db import quarantine, repository
 from service.db.engine import SessionFactory
+from service.db.trainer_lock import TrainerLock, trainer_lock
 from service.metrics import ServiceMetrics
 from service.settings import Settings
 
@@ -70,12 +74,28 @@ class TrainReport:
     rewarded: int
     defaulted: int
     excluded: int
-    loss: float
+    loss: float | None  # None: nothing to train on, no checkpoint stored
     seconds: float
 
 
+@dataclass(frozen=True)
+class _Run:
+    """What one run read: its closed decisions, their targets and the checkpoints."""
+
+    rows: list[repository.TrainingRow]
+    trained: list[tuple[repository.TrainingRow, float]]  # (row, target) of those trained on
+    newest: int  # the newest version stored, quarantined or not (0: none)
+    parent: int  # the newest valid checkpoint, which the run continues (0: none)
+    started: float  # time.perf_counter()
+
+    @property
+    def version(self) -> int:
+        """The version this run stores: versions are never reused."""
+        return self.newest + 1
+
+
 class Trainer:
-    """Turns closed decisions into the next checkpoint."""
+    """Turns closed decisions into the next checkpoint, one trainer at a time."""
 
     def __init__(
         self,
@@ -85,6 +105,7 @@ class Trainer:
         bus: CheckpointBus,
         metrics: ServiceMetrics | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        lock: TrainerLock | None = None,
     ) -> None:
         self.settings = settings
         self._sessions = sessions
@@ -92,35 +113,61 @@ class Trainer:
         self._bus = bus
         self._metrics = metrics
         self._clock = clock
+        self._lock = trainer_lock(sessions) if lock is None else lock
         self._catalogue = CatalogueCache(sessions, ttl_s=0.0)
         self._kept: _Kept | None = None  # the optimizer fit_persist carries over
+        self._waiting = False  # another trainer held the lock at the last try
 
     def run_once(self) -> TrainReport | None:
-        """One run; None when no decision's window has closed since the last."""
-        started = time.perf_counter()
+        """One run under the trainer lock; None when no decision's window has closed since
+        the last, when another trainer holds the lock, or when another trainer claimed
+        the rows first (then nothing was stored)."""
+        with self._lock.hold() as held:
+            if not held:
+                if not self._waiting:
+                    log.warning("another trainer holds the trainer lock; standing by")
+                self._waiting = True
+                self._skipped("locked")
+                return None
+            if self._waiting:
+                log.info("took the trainer lock")
+            self._waiting = False
+            try:
+                return self._run(time.perf_counter())
+            except repository.ClaimLost as exc:
+                log.warning("training run stored nothing: %s", exc)
+                self._skipped("claim_lost")
+                return None
+
+    def _run(self, started: float) -> TrainReport | None:
         window = timedelta(seconds=self.settings.reward_window_seconds)
         rows = repository.closed_decisions(self._sessions, self._clock() - window, MAX_ROWS_PER_RUN)
         if not rows:
             return None
-        latest = self._store.latest()
+        newest = quarantine.newest_version(self._sessions)
+        latest = self._store.latest()  # the newest valid one; damaged ones are quarantined
         previous = None
         if latest is not None:
             previous = load_checkpoint(latest[1], expect=self.settings.net_config())
-        version = 1 if previous is None else previous.version + 1
-        log.info("training checkpoint %s on %s closed decisions", version, len(rows))
         used = [(row, self._target(row)) for row in rows]
         trained = [(row, target) for row, target in used if target is not None]
-        buffer = self._buffer(previous, version)
-        if trained:
-            buffer.append(_transitions(trained, self.settings.context_dim))
-        if len(buffer) == 0:  # nothing to learn from yet: consume the rows, keep the model
-            return self._consume_without_model(rows, version, started)
+        run = _Run(rows, trained, newest, 0 if previous is None else previous.version, started)
+        if not trained:  # nothing new to learn from: consume the rows, store no version
+            return self._consume_untrained(run)
+        log.info(
+            "training checkpoint %s on %s closed decisions (from checkpoint %s)",
+            run.version,
+            len(rows),
+            run.parent,
+        )
+        buffer = self._buffer(previous, run.version)
+        buffer.append(_transitions(trained, self.settings.context_dim))
         config = self.settings.fit_config(new_rows=len(trained))
         net, optimizer = self._continue(previous, config)
-        features, metrics = self._fit(net, optimizer, config, buffer, version)
-        report = self._publish(net, buffer, features, metrics, version, rows, trained, started)
+        features, metrics = self._fit(net, optimizer, config, buffer, run.version)
+        report = self._publish(net, buffer, features, metrics, run)
         if optimizer is not None:
-            self._kept = _Kept(version, net, optimizer, dataclasses.replace(config, steps=0))
+            self._kept = _Kept(run.version, net, optimizer, dataclasses.replace(config, steps=0))
         return report
 
     def _target(self, row: repository.TrainingRow) -> float | None:
@@ -193,15 +240,12 @@ class Trainer:
         buffer: DataBuffer,
         features: torch.Tensor | None,
         metrics: dict[str, float],
-        version: int,
-        rows: list[repository.TrainingRow],
-        trained: list[tuple[repository.TrainingRow, float]],
-        started: float,
+        run: _Run,
     ) -> TrainReport:
         n_slots = self.settings.max_arms if features is None else features.shape[0]
         data = buffer.regulariser_data(n_slots)
         checkpoint = Checkpoint(
-            version=version,
+            version=run.version,
             net_config=self.settings.net_config(),
             state={k: v.detach().cpu() for k, v in net.state_dict().items()},
             data=data,
@@ -209,21 +253,23 @@ class Trainer:
             metrics=metrics,
             extra={
                 "created_at": str(time.time()),
-                "parent_version": str(version - 1),
+                "parent_version": str(run.parent),
                 "config": json.dumps(self.settings.model_config_record(), sort_keys=True),
             },
         )
         blob = dump_checkpoint(checkpoint)
         self._store.save(
-            version,
+            run.version,
             blob,
             metrics=metrics,
-            rows_trained=len(trained),
+            rows_trained=len(run.trained),
             n_total=data.n_total,
-            consumed=[row.event_id for row in rows],
+            consumed=[row.event_id for row in run.rows],
+            newest=run.newest,
+            parent=run.parent,
         )
-        self._announce(version, blob)
-        report = self._report(version, rows, trained, metrics["loss"], started)
+        self._announce(run.version, blob)
+        report = self._report(run.version, run, metrics["loss"])
         self._record(report)
         return report
 
@@ -236,35 +282,36 @@ class Trainer:
             if self._metrics is not None:
                 self._metrics.trainer_publish_failures.inc()
 
-    def _consume_without_model(
-        self, rows: list[repository.TrainingRow], version: int, started: float
-    ) -> TrainReport:
-        repository.mark_consumed(self._sessions, [row.event_id for row in rows], version - 1)
-        report = self._report(version - 1, rows, [], float("nan"), started)
+    def _consume_untrained(self, run: _Run) -> TrainReport:
+        """Claim rows that give nothing to train on (no reward, no default) for the parent:
+        no new version is stored or published."""
+        repository.mark_consumed(self._sessions, [row.event_id for row in run.rows], run.parent)
+        report = self._report(run.parent, run, None)
         self._record(report)
         return report
 
-    def _report(
-        self,
-        version: int,
-        rows: list[repository.TrainingRow],
-        trained: list[tuple[repository.TrainingRow, float]],
-        loss: float,
-        started: float,
-    ) -> TrainReport:
-        rewarded = sum(1 for row, _ in trained if row.reward is not None)
+    def _report(self, version: int, run: _Run, loss: float | None) -> TrainReport:
+        rewarded = sum(1 for row, _ in run.trained if row.reward is not None)
         return TrainReport(
             version=version,
-            consumed=len(rows),
+            consumed=len(run.rows),
             rewarded=rewarded,
-            defaulted=len(trained) - rewarded,
-            excluded=len(rows) - len(trained),
+            defaulted=len(run.trained) - rewarded,
+            excluded=len(run.rows) - len(run.trained),
             loss=loss,
-            seconds=time.perf_counter() - started,
+            seconds=time.perf_counter() - run.started,
         )
 
     def _record(self, report: TrainReport) -> None:
-        log.info("training run: %s", report)
+        if report.loss is None:
+            log.info(
+                "training run: %s closed decisions consumed, none to train on (%s excluded); "
+                "no new checkpoint",
+                report.consumed,
+                report.excluded,
+            )
+        else:
+            log.info("training run: %s", report)
         if self._metrics is None:
             return
         m = self._metrics
@@ -272,9 +319,13 @@ class Trainer:
         m.trainer_rows.labels("default").inc(report.defaulted)
         m.trainer_rows.labels("excluded").inc(report.excluded)
         m.trainer_duration.observe(report.seconds)
-        if report.rewarded + report.defaulted:
+        if report.loss is not None:
             m.trainer_loss.set(report.loss)
             m.trainer_published.inc()
+
+    def _skipped(self, reason: str) -> None:
+        if self._metrics is not None:
+            self._metrics.trainer_skipped.labels(reason).inc()
 
 
 def _transitions(

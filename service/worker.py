@@ -77,7 +77,7 @@ def run_trainer(settings: Settings, *, once: bool = False) -> int:
         start_http_server(
             settings.trainer_metrics_port, addr=settings.host, registry=metrics.registry
         )
-    store = CheckpointStore(sessions, settings.checkpoint_dir)
+    store = CheckpointStore(sessions, settings.checkpoint_dir, metrics)
     trainer = Trainer(settings, sessions, store, _bus(settings), metrics)
     if once:
         report = trainer.run_once()

@@ -149,7 +149,13 @@ def stop_process(process: subprocess.Popen[bytes], timeout: float = 20) -> None:
             process.wait()
 
 
-def seed_checkpoint(settings: Settings, n_rows: int = 300, version: int = 1, seed: int = 0) -> None:
+def seed_checkpoint(
+    settings: Settings,
+    n_rows: int = 300,
+    version: int = 1,
+    seed: int = 0,
+    weight_scale: float = 1.0,
+) -> None:
     """Migrate `settings.database_url` and store a trained-looking checkpoint in it.
 
     Lets a server start with a real model (ROFU scoring, not the cold start) without
@@ -174,6 +180,10 @@ def seed_checkpoint(settings: Settings, n_rows: int = 300, version: int = 1, see
     )
     data = RegulariserData(sample, n_rows, torch.bincount(arms, minlength=n_arms))
     net = RewardNet(config)
+    if weight_scale != 1.0:  # e.g. a network whose outputs overflow float32
+        with torch.no_grad():
+            for parameter in net.parameters():
+                parameter.mul_(weight_scale)
     blob = dump_checkpoint(
         Checkpoint(version, config, net.state_dict(), data, extra={"created_at": str(time.time())})
     )

@@ -7,28 +7,31 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
-from sqlalchemy import func, select, update
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy import CursorResult, func, select, update
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, defer
 
+from service.db import faults
 from service.db.engine import SessionFactory
 from service.db.tables import ArmRow, CheckpointRow, DecisionRow, ModelPinRow, RewardRow, utcnow
-from service.errors import Conflict, NotFound, Unavailable
+from service.errors import Conflict, NotFound
 
 T = TypeVar("T")
 
 
 @contextmanager
 def database_errors() -> Iterator[None]:
-    """Turn connection-level database failures into `Unavailable` (HTTP 503)."""
+    """Turn database outages (refused, lost, timed out, locked, full, read-only) into
+    `Unavailable` (HTTP 503) naming the cause; integrity and programming errors pass."""
     try:
         yield
-    except IntegrityError:
-        raise
-    except (OperationalError, DBAPIError) as exc:
-        raise Unavailable(f"database unavailable: {type(exc.orig or exc).__name__}") from exc
+    except (DBAPIError, PoolTimeout) as exc:
+        if not faults.is_outage(exc):
+            raise
+        raise faults.as_unavailable(exc) from exc
 
 
 def _transaction(sessions: SessionFactory, work: Callable[[Session], T]) -> T:
@@ -204,10 +207,15 @@ def ensure_arms(
 
 
 def latest_checkpoint(sessions: SessionFactory, *, with_blob: bool = True) -> CheckpointRow | None:
-    """The newest durable checkpoint."""
+    """The newest durable checkpoint that is not quarantined."""
 
     def work(session: Session) -> CheckpointRow | None:
-        query = select(CheckpointRow).order_by(CheckpointRow.version.desc()).limit(1)
+        query = (
+            select(CheckpointRow)
+            .where(CheckpointRow.quarantined_at.is_(None))
+            .order_by(CheckpointRow.version.desc())
+            .limit(1)
+        )
         if not with_blob:
             query = query.options(defer(CheckpointRow.blob))
         return session.scalar(query)
@@ -220,8 +228,10 @@ def get_checkpoint(sessions: SessionFactory, version: int) -> CheckpointRow | No
     return _transaction(sessions, lambda s: s.get(CheckpointRow, version))
 
 
-def list_checkpoints(sessions: SessionFactory, limit: int = 50) -> list[CheckpointRow]:
-    """Checkpoint metadata, newest first (blobs not loaded)."""
+def list_checkpoints(
+    sessions: SessionFactory, limit: int = 50, before: int | None = None
+) -> list[CheckpointRow]:
+    """Checkpoint metadata, newest first (blobs not loaded); only versions below `before`."""
 
     def work(session: Session) -> list[CheckpointRow]:
         query = (
@@ -230,6 +240,8 @@ def list_checkpoints(sessions: SessionFactory, limit: int = 50) -> list[Checkpoi
             .order_by(CheckpointRow.version.desc())
             .limit(limit)
         )
+        if before is not None:
+            query = query.where(CheckpointRow.version < before)
         return list(session.scalars(query))
 
     return _transaction(sessions, work)
@@ -267,31 +279,70 @@ def closed_decisions(
     return _transaction(sessions, work)
 
 
+class ClaimLost(Conflict):
+    """A training run's rows or base were taken by another trainer; nothing was stored."""
+
+
 def commit_checkpoint(
-    sessions: SessionFactory, row: CheckpointRow, consumed: Sequence[str]
+    sessions: SessionFactory,
+    row: CheckpointRow,
+    consumed: Sequence[str],
+    *,
+    newest: int | None = None,
+    parent: int | None = None,
 ) -> None:
-    """Record a checkpoint and mark the decisions it consumed, in one transaction."""
+    """Record a checkpoint and claim the decisions it consumed, in one transaction.
+
+    The claim comes first, so on SQLite the transaction holds the write lock before it
+    reads anything. With `newest`, the newest stored version must still be that one; with
+    `parent`, that checkpoint must still be unquarantined (its row is locked on Postgres).
+
+    Raises:
+        ClaimLost: a decision was consumed already, or another checkpoint was stored or
+            the parent quarantined since the run read them; nothing was stored.
+    """
 
     def work(session: Session) -> None:
+        _claim(session, consumed, row.version)
+        stored = session.scalar(select(func.max(CheckpointRow.version)))
+        if newest is not None and (stored or 0) != newest:
+            raise ClaimLost(f"checkpoint {stored} was stored since this run read {newest}")
+        if parent:
+            base = select(CheckpointRow.quarantined_at).where(CheckpointRow.version == parent)
+            if session.execute(base.with_for_update()).scalar() is not None:
+                raise ClaimLost(f"checkpoint {parent}, this run's base, was quarantined")
         session.add(row)
-        _mark(session, consumed, row.version)
 
-    _transaction(sessions, work)
+    try:
+        _transaction(sessions, work)
+    except IntegrityError as exc:  # the version key: another trainer stored it first
+        raise ClaimLost(f"checkpoint {row.version} is stored already") from exc
 
 
 def mark_consumed(sessions: SessionFactory, consumed: Sequence[str], version: int) -> None:
-    """Mark decisions consumed by `version` without storing a checkpoint."""
+    """Claim decisions as consumed by `version` without storing a checkpoint.
 
-    _transaction(sessions, lambda session: _mark(session, consumed, version))
+    Raises:
+        ClaimLost: a decision was consumed already; none was marked.
+    """
+
+    _transaction(sessions, lambda session: _claim(session, consumed, version))
 
 
-def _mark(session: Session, consumed: Sequence[str], version: int) -> None:
+def _claim(session: Session, consumed: Sequence[str], version: int) -> None:
+    claimed = 0
     for start in range(0, len(consumed), 500):
         chunk = list(consumed[start : start + 500])
-        session.execute(
+        result = session.execute(
             update(DecisionRow)
             .where(DecisionRow.event_id.in_(chunk), DecisionRow.trained_in.is_(None))
             .values(trained_in=version)
+        )
+        claimed += cast(CursorResult[Any], result).rowcount
+    if claimed != len(consumed):
+        raise ClaimLost(
+            f"{len(consumed) - claimed} of {len(consumed)} decisions were consumed by "
+            "another training run"
         )
 
 
@@ -313,11 +364,18 @@ def set_pin(sessions: SessionFactory, version: int | None) -> None:
 
     Raises:
         NotFound: no checkpoint has that version.
+        Conflict: that checkpoint is quarantined.
     """
 
     def work(session: Session) -> None:
-        if version is not None and session.get(CheckpointRow, version) is None:
+        stored = None if version is None else session.get(CheckpointRow, version)
+        if version is not None and stored is None:
             raise NotFound(f"no checkpoint with version {version}", field="version")
+        if stored is not None and stored.quarantined_at is not None:
+            raise Conflict(
+                f"checkpoint {version} is quarantined ({stored.quarantine_reason})",
+                field="version",
+            )
         row = session.get(ModelPinRow, 1)
         if row is None:
             session.add(ModelPinRow(id=1, version=version, updated_at=utcnow()))

@@ -110,6 +110,9 @@ class CheckpointRow(Base):
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
     rows_trained: Mapped[int]
     n_total: Mapped[int]
+    # Set once its stored bytes were found damaged: never loaded, served or pinned again.
+    quarantined_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
+    quarantine_reason: Mapped[str | None] = mapped_column(String(1024), default=None)
 
 
 class ModelPinRow(Base):
@@ -121,3 +124,14 @@ class ModelPinRow(Base):
     id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False, default=1)
     version: Mapped[int | None] = mapped_column(ForeignKey("checkpoints.version"))
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+
+
+class TrainerLeaseRow(Base):
+    """SQLite's trainer lock (Postgres uses an advisory lock): who trains, and until when."""
+
+    __tablename__ = "trainer_lease"
+    __table_args__ = (CheckConstraint("id = 1", name="ck_trainer_lease_single_row"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False, default=1)
+    holder: Mapped[str | None] = mapped_column(String(256))
+    expires_at: Mapped[datetime] = mapped_column(UtcDateTime())

@@ -2,21 +2,33 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
+import redis
 from fastapi import APIRouter, Path
 from starlette.concurrency import run_in_threadpool
 
+from service.catalogue import ARMS_NOTICE, CatalogueCache
 from service.db import repository
 from service.db.tables import ArmRow
-from service.deps import AdminAuth, CatalogueDep, ClientAuth, SessionsDep, SettingsDep
+from service.deps import (
+    AdminAuth,
+    CatalogueDep,
+    ClientAuth,
+    RedisBusDep,
+    SessionsDep,
+    SettingsDep,
+)
 from service.errors import InvalidInput
+from service.redis_bus import RedisBus
 from service.schemas import ArmRequest, ArmResponse, error_responses
 from service.settings import ARM_ID_PATTERN
 
 router = APIRouter(prefix="/arms", tags=["arms"])
 ERRORS = error_responses(401, 403, 404, 409, 422, 503)
 ArmPath = Annotated[str, Path(pattern=ARM_ID_PATTERN)]
+log = logging.getLogger("rofu.arms")
 
 
 def _view(row: ArmRow) -> ArmResponse:
@@ -43,7 +55,11 @@ async def list_arms(sessions: SessionsDep) -> list[ArmResponse]:
     dependencies=[AdminAuth],
 )
 async def add_arm(
-    body: ArmRequest, settings: SettingsDep, sessions: SessionsDep, catalogue: CatalogueDep
+    body: ArmRequest,
+    settings: SettingsDep,
+    sessions: SessionsDep,
+    catalogue: CatalogueDep,
+    bus: RedisBusDep,
 ) -> ArmResponse:
     """Add an arm; it can be selected (and explored) at once."""
     width = 0 if body.features is None else len(body.features)
@@ -54,15 +70,28 @@ async def add_arm(
     row = await run_in_threadpool(
         repository.add_arm, sessions, body.id, body.features, settings.max_arms
     )
-    await run_in_threadpool(catalogue.refresh)
+    await _changed(catalogue, bus)
     return _view(row)
 
 
 @router.delete("/{arm_id}", response_model=ArmResponse, responses=ERRORS, dependencies=[AdminAuth])
 async def retire_arm(
-    arm_id: ArmPath, sessions: SessionsDep, catalogue: CatalogueDep
+    arm_id: ArmPath, sessions: SessionsDep, catalogue: CatalogueDep, bus: RedisBusDep
 ) -> ArmResponse:
     """Retire an arm: it is never selected again (its history stays)."""
     row = await run_in_threadpool(repository.retire_arm, sessions, arm_id)
-    await run_in_threadpool(catalogue.refresh)
+    await _changed(catalogue, bus)
     return _view(row)
+
+
+async def _changed(catalogue: CatalogueCache, bus: RedisBus | None) -> None:
+    """Reload this replica's catalogue and tell the others to reload theirs (the poll is
+    the fallback when the notice is lost: ROFU_CHECKPOINT_POLL_SECONDS +
+    ROFU_ARM_REFRESH_SECONDS at most)."""
+    await run_in_threadpool(catalogue.refresh)
+    if bus is None:
+        return
+    try:
+        await run_in_threadpool(bus.notify, ARMS_NOTICE)
+    except redis.RedisError as exc:  # the change is stored; replicas pick it up by polling
+        log.warning("arm catalogue notice not sent (%s); replicas will poll for it", exc)

@@ -1,10 +1,9 @@
-"""GET /healthz (process alive) and GET /readyz (model loaded, database reachable)."""
+"""GET /healthz (process alive) and GET /readyz (model loaded, database takes writes)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
-from starlette.concurrency import run_in_threadpool
 
 from service.deps import DatabaseCheckDep, FollowerDep
 from service.schemas import HealthResponse
@@ -19,14 +18,14 @@ async def healthz() -> HealthResponse:
 
 
 @router.get("/readyz", response_model=HealthResponse, responses={503: {"model": HealthResponse}})
-async def readyz(database_ok: DatabaseCheckDep, follower: FollowerDep) -> JSONResponse:
-    """Ready to serve: the database answers and the newest checkpoint is loaded (or none
-    exists yet, a cold start)."""
-    database = "ok" if await run_in_threadpool(database_ok) else "unreachable"
+async def readyz(check_database: DatabaseCheckDep, follower: FollowerDep) -> JSONResponse:
+    """Ready to serve: the database takes reads and writes (asked within
+    readyz_timeout_seconds) and the newest checkpoint is loaded (or none exists yet)."""
+    database = await check_database()
     model = follower.state
-    ready = database == "ok" and model.ready
-    body = HealthResponse(
-        status="ready" if ready else "not ready",
-        checks={"database": database, "model": model.value},
-    )
+    ready = database.ok and model.ready
+    checks = {"database": database.state, "model": model.value}
+    if database.cause is not None:
+        checks["database_cause"] = database.cause
+    body = HealthResponse(status="ready" if ready else "not ready", checks=checks)
     return JSONResponse(body.model_dump(), status_code=200 if ready else 503)

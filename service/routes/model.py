@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Annotated
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from service.db import repository
 from service.deps import ClientAuth, SessionsDep, SettingsDep, SnapshotDep
 from service.schemas import CheckpointInfo, ModelResponse, error_responses
 
+MAX_PAGE = 500
 router = APIRouter(
     prefix="/model", tags=["model"], dependencies=[ClientAuth], responses=error_responses(401)
 )
@@ -31,10 +33,24 @@ async def model_info(snapshot: SnapshotDep, settings: SettingsDep) -> ModelRespo
     )
 
 
-@router.get("/checkpoints", response_model=list[CheckpointInfo])
-async def checkpoints(sessions: SessionsDep) -> list[CheckpointInfo]:
-    """Stored checkpoints, newest first (at most 50)."""
-    rows = await run_in_threadpool(repository.list_checkpoints, sessions)
+@router.get("/checkpoints", response_model=list[CheckpointInfo], responses=error_responses(422))
+async def checkpoints(
+    sessions: SessionsDep,
+    response: Response,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="versions per page")] = 50,
+    before: Annotated[
+        int | None,
+        Query(ge=1, le=2**31 - 1, description="only versions below this one (the next page)"),
+    ] = None,
+) -> list[CheckpointInfo]:
+    """Stored checkpoints, newest first, one page at a time: when older ones exist, the
+    `Link` header names the next page (`rel="next"`, RFC 8288)."""
+    rows = await run_in_threadpool(repository.list_checkpoints, sessions, limit + 1, before)
+    if len(rows) > limit:
+        rows = rows[:limit]
+        response.headers["Link"] = (
+            f'</model/checkpoints?limit={limit}&before={rows[-1].version}>; rel="next"'
+        )
     return [
         CheckpointInfo(
             version=row.version,

@@ -13,7 +13,7 @@ from service import migrate
 from service.db.engine import make_engine
 from tests.support import require_postgres, reset_postgres
 
-TABLES = ("model_pin", "rewards", "decisions", "arms", "checkpoints")
+TABLES = ("model_pin", "rewards", "decisions", "arms", "checkpoints", "trainer_lease")
 
 
 @pytest.fixture(scope="session")

@@ -8,9 +8,10 @@ import pytest
 
 from models import Checkpoint, CheckpointError, RegulariserData, dump_checkpoint
 from service import migrate
-from service.checkpoint_store import CheckpointStore
+from service.checkpoint_store import CheckpointStore, CorruptCheckpoint
 from service.db import repository
 from service.db.engine import make_engine, session_factory
+from service.metrics import ServiceMetrics
 from tests.factories import make_net, make_transitions
 
 
@@ -64,19 +65,64 @@ def test_checkpoint_store_writes_files_in_a_directory(sessions, tmp_path):
 def test_checkpoint_store_a_failed_commit_leaves_no_row(sessions, tmp_path):
     store = CheckpointStore(sessions, tmp_path / "c")
     _save(store, 1, ONE)
-    with pytest.raises(Exception, match="UNIQUE|unique|IntegrityError"):
+    with pytest.raises(repository.ClaimLost, match="checkpoint 1 is stored already"):
         _save(store, 1, TWO)  # the same version twice: the row insert fails
     rows = repository.list_checkpoints(sessions)
     assert [(r.version, r.checksum) for r in rows] == [(1, CheckpointStore.checksum(ONE))]
     assert store.get(1)[1] == ONE  # the loser's file did not replace the stored one
 
 
-def test_checkpoint_store_refuses_bytes_that_are_not_the_recorded_ones(sessions, tmp_path):
-    store = CheckpointStore(sessions, tmp_path / "c")
+def test_checkpoint_store_quarantines_bytes_that_are_not_the_recorded_ones(sessions, tmp_path):
+    metrics = ServiceMetrics()
+    store = CheckpointStore(sessions, tmp_path / "c", metrics)
     row = _save(store, 1, ONE)
     Path(row.path).write_bytes(TWO)  # tampered on disk
-    with pytest.raises(CheckpointError, match="recorded checksum"):
+    with pytest.raises(CorruptCheckpoint, match="recorded checksum"):
         store.get(1)
-    Path(row.path).unlink()
-    with pytest.raises(CheckpointError, match="No such file"):
+    Path(row.path).write_bytes(ONE)  # even restored, it is never read again
+    with pytest.raises(CorruptCheckpoint, match="is quarantined"):
         store.get(1)
+    assert metrics.checkpoints_quarantined._value.get() == 1
+    assert repository.get_checkpoint(sessions, 1).quarantine_reason == (
+        "the bytes do not match the recorded checksum"
+    )
+    assert store.latest() is None
+
+
+def test_checkpoint_store_refuses_a_missing_file_without_quarantine(sessions, tmp_path):
+    store = CheckpointStore(sessions, tmp_path / "c")
+    row = _save(store, 1, ONE)
+    Path(row.path).unlink()  # it may come back (an unmounted volume): not quarantined
+    for _ in range(2):
+        with pytest.raises(CheckpointError, match="No such file") as refused:
+            store.get(1)
+        assert not isinstance(refused.value, CorruptCheckpoint)
+    assert repository.get_checkpoint(sessions, 1).quarantined_at is None
+
+
+@pytest.mark.parametrize("where", ["row", "directory"])
+def test_checkpoint_store_latest_skips_damaged_checkpoints(sessions, tmp_path, where):
+    metrics = ServiceMetrics()
+    store = CheckpointStore(sessions, None if where == "row" else tmp_path / "c", metrics)
+    _save(store, 1, ONE)
+    _save(store, 2, TWO)
+    damaged = bytearray(TWO)
+    damaged[-10] ^= 0x01  # a flipped bit inside the tensors: the header is intact
+    _damage(sessions, 2, bytes(damaged))
+    row, blob = store.latest()
+    assert (row.version, blob) == (1, ONE)
+    assert store.latest()[0].version == 1  # found once, never read again
+    assert metrics.checkpoints_quarantined._value.get() == 1
+    assert (
+        "checksum does not match its contents"
+        in repository.get_checkpoint(sessions, 2).quarantine_reason
+    )
+
+
+def _damage(sessions, version: int, blob: bytes) -> None:
+    row = repository.get_checkpoint(sessions, version)
+    if row.path is not None:
+        Path(row.path).write_bytes(blob)
+        return
+    with sessions() as session, session.begin():
+        session.get(type(row), version).blob = blob

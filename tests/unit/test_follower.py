@@ -196,3 +196,52 @@ def test_follower_serves_the_pin_and_the_newest_after_unpin(sessions, store) -> 
     follower.sync()
     assert (follower.pinned(), follower.serving) == (None, 2)
     assert repository.get_pin(sessions) is None
+
+
+def _quarantined(follower: CheckpointFollower) -> float:
+    return float(follower._metrics.checkpoints_quarantined._value.get())
+
+
+def test_follower_quarantines_a_damaged_newest_and_never_reads_it_again(sessions) -> None:
+    metrics = ServiceMetrics()
+    store = SpyStore(sessions)
+    store._metrics = metrics
+    _save(store, 1, _blob(1))
+    _save(store, 2, _damaged(_blob(2)))  # the row's checksum is the header's: it matches
+    follower = CheckpointFollower(
+        sessions, store, SnapshotHolder(), metrics, EXPECT, torch.device("cpu")
+    )
+    follower.load_initial()
+    assert (follower.serving, follower.state) == (1, ModelState.LOADED)
+    assert (_quarantined(follower), store.read) == (1, [2, 1])
+    follower.sync()
+    follower.load_initial()
+    assert store.read == [2, 1]  # version 2 is never asked for again
+
+    bus = FakeRedis({2: _blob(2)})  # the pointer names it, with an intact copy
+    other = _follower(sessions, store, bus)
+    other.load_initial()
+    assert (other.serving, bus.fetched) == (1, [1])  # a quarantined version is not served
+
+
+def test_follower_with_every_checkpoint_quarantined_is_a_ready_cold_start(sessions, store) -> None:
+    _save(store, 1, _damaged(_blob(1)))
+    follower = _follower(sessions, store)
+    follower.load_initial()
+    assert (follower.serving, follower.state) == (0, ModelState.COLD_START)
+    assert follower.state.ready  # the trainer starts afresh; nothing servable is refused
+    assert repository.get_checkpoint(sessions, 1).quarantined_at is not None
+
+
+def test_follower_keeps_a_newer_copy_it_serves_when_that_version_is_quarantined(
+    sessions, store
+) -> None:
+    _save(store, 1, _blob(1))
+    two = _blob(2)
+    _save(store, 2, two)
+    follower = _follower(sessions, store)
+    follower.sync(hint=(2, two))
+    store.quarantine(2, "damaged on disk")  # e.g. found so by the trainer
+    store.read.clear()
+    follower.sync()
+    assert (follower.serving, store.read) == (2, [])  # never back to 1, nothing read

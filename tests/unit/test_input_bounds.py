@@ -3,6 +3,8 @@ and checkpoints with non-finite parameters refused."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from sqlalchemy import text
@@ -101,15 +103,35 @@ def test_checkpoint_with_non_finite_parameters_is_refused():
 
 
 @pytest.mark.anyio
-async def test_scores_that_overflow_are_refused_not_chosen(sqlite_settings):
-    """With the bound raised, a context that overflows the network's scores gets a 422
-    (choosing among NaNs once picked a non-candidate arm) and is not logged."""
+async def test_every_accepted_context_is_scored_clamped_into_the_networks_range(sqlite_settings):
+    """A context far outside the training data (here 1e30, with the bound raised to it) is
+    scored clamped into the range the network was trained on; it used to overflow into
+    "scores not finite" (422) already inside the documented bound of 1e6."""
     settings = sqlite_settings.model_copy(update={"max_abs_feature": 1e30})
     seed_checkpoint(settings, n_rows=50)
     async with app_client(settings) as (client, app):
-        huge = await client.post("/select", json={"context": [1e30] * 4})
+        for value in (1e6, -1e6, 1e30):
+            far = await client.post("/select", json={"context": [value, 0.1, -value, 0.4]})
+            assert far.status_code == 200, far.text
+            assert far.json()["policy"] == "rofu"
+            assert all(math.isfinite(s["ucb"]) for s in far.json()["scores"])
+        snapshot = app.state.runtime.holder.current
+        far_away = torch.tensor([[1e30, 0.1, -1e30, 0.4]])
+        clamped = snapshot.bounded(far_away)[0]
+        assert clamped[0] == snapshot.context_high[0]
+        assert clamped[2] == snapshot.context_low[2]
+        assert clamped[1] == far_away[0, 1]  # inside the range: unchanged
+        row = repository.find_decision(app.state.runtime.sessions, far.json()["event_id"])
+        assert row.context[0] == 1e30  # the log keeps what was asked
+
+
+@pytest.mark.anyio
+async def test_scores_that_overflow_are_refused_not_chosen(sqlite_settings):
+    """A network that overflows even on its own data's range gets a 422 (choosing among
+    NaNs once picked a non-candidate arm), and nothing is logged."""
+    seed_checkpoint(sqlite_settings, n_rows=50, weight_scale=1e20)
+    async with app_client(sqlite_settings) as (client, app):
+        huge = await client.post("/select", json={"context": [0.1, 0.2, 0.3, 0.4]})
         assert huge.status_code == 422
         assert "not finite" in huge.json()["error"]["message"]
         assert _count(app, "decisions") == 0
-        normal = await client.post("/select", json={"context": [0.1, 0.2, 0.3, 0.4]})
-        assert (normal.status_code, normal.json()["policy"]) == (200, "rofu")

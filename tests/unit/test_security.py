@@ -131,3 +131,39 @@ async def test_api_never_echoes_or_logs_a_key(keyed, caplog):
     assert CLIENT not in good.text
     for key in (secret, CLIENT, ADMIN):
         assert key not in caplog.text
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("docs", ["key", "off"])
+async def test_docs_need_a_key_or_are_off(keyed, docs):
+    async with app_client(keyed.model_copy(update={"docs": docs})) as (client, _):
+        for path in ("/docs", "/redoc"):
+            assert (await client.get(path)).status_code == 404
+        anonymous = await client.get("/openapi.json")
+        keyed_call = await client.get("/openapi.json", headers=_bearer(CLIENT))
+        if docs == "off":
+            assert (anonymous.status_code, keyed_call.status_code) == (404, 404)
+        else:
+            assert anonymous.status_code == 401
+            assert keyed_call.status_code == 200
+            assert "/select" in keyed_call.json()["paths"]
+        assert (await client.post("/select", json=BODY, headers=_bearer(CLIENT))).status_code == 200
+
+
+@pytest.mark.anyio
+async def test_docs_are_open_in_the_embedded_default(keyed):
+    async with app_client(keyed) as (client, _):
+        assert (await client.get("/openapi.json")).status_code == 200
+        assert (await client.get("/docs")).status_code == 200
+
+
+def test_production_serves_the_schema_only_with_a_key(keyed):
+    production = keyed.model_copy(
+        update={"mode": "production", "database_url": "postgresql://h/db", "redis_url": "redis://h"}
+    )
+    assert production.docs_access == "key"
+    assert production.model_copy(update={"docs": "off"}).docs_access == "off"
+    assert keyed.docs_access == "open"
+    paths = {getattr(route, "path", "") for route in create_app(production).routes}
+    assert "/openapi.json" in paths
+    assert not {"/docs", "/redoc"} & paths

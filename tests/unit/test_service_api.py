@@ -27,12 +27,13 @@ from models import rofu_scores
 from models.rofu import ntk_basis
 from service.app import create_app
 from service.db import repository
+from service.db.faults import DatabaseStatus
 from service.follower import ModelState
 from service.runtime import Runtime
 from service.scoring import checkpoint_generator
 from service.settings import Settings
 from service.trainer import Trainer, TrainReport
-from tests.support import app_client
+from tests.support import app_client, seed_checkpoint
 
 CONTEXT = [0.5, -0.25, 1.0, 0.0]
 ARMS = ["arm-0", "arm-1", "arm-2", "arm-3"]
@@ -370,7 +371,9 @@ async def test_service_select_replays_a_scored_decision_exactly(service: Service
     client, app = service
     await _with_checkpoint(client, app)
     first = await _select(client, event_id="scored-1")
-    newer = await _train(app)  # consumes scored-1 and serves a newer checkpoint
+    rewarded = await client.post("/reward", json={"event_id": "scored-1", "value": 1.0})
+    assert rewarded.status_code == 200, rewarded.text
+    newer = await _train(app)  # trains on scored-1 and serves a newer checkpoint
     assert newer.version == first["model_version"] + 1
     assert (await client.get("/model")).json()["version"] == newer.version
     assert await _select(client, event_id="scored-1") == first
@@ -475,17 +478,16 @@ async def test_service_health_endpoints(service: Service) -> None:
 
 
 @pytest.mark.anyio
-async def test_service_readyz_is_503_without_a_database(service: Service) -> None:
+async def test_service_readyz_is_503_without_a_database(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
     client, app = service
-    runtime = _runtime(app)
-    original = runtime.database_ok
-    runtime.database_ok = lambda: False  # type: ignore[method-assign]
-    try:
-        response = await client.get("/readyz")
-    finally:
-        runtime.database_ok = original  # type: ignore[method-assign]
+    down = DatabaseStatus("unreachable", "connection", "OperationalError: refused")
+    monkeypatch.setattr(_runtime(app), "_probe_database", lambda: down)
+    response = await client.get("/readyz")
     assert response.status_code == 503
     assert response.json()["checks"]["database"] == "unreachable"
+    assert response.json()["checks"]["database_cause"] == "connection"
 
 
 @pytest.mark.anyio
@@ -591,3 +593,40 @@ async def test_service_failed_start_releases_the_database(
         async with app.router.lifespan_context(app):
             pass
     assert runtime.engine.pool.checkedin() == 0  # disposed: no connection left open
+
+
+@pytest.mark.anyio
+async def test_model_checkpoints_are_paged_with_a_next_link(sqlite_settings) -> None:
+    for version in range(1, 8):
+        seed_checkpoint(sqlite_settings, n_rows=20, version=version)
+    async with app_client(sqlite_settings) as (client, _):
+        pages, url = [], "/model/checkpoints?limit=3"
+        while url:
+            page = await client.get(url)
+            assert page.status_code == 200, page.text
+            pages.append([c["version"] for c in page.json()])
+            link = page.headers.get("link")
+            url = link[1 : link.index(">")] if link else ""
+        assert pages == [[7, 6, 5], [4, 3, 2], [1]]
+        everything = (await client.get("/model/checkpoints")).json()
+        assert [c["version"] for c in everything] == [7, 6, 5, 4, 3, 2, 1]
+        for bad in ("limit=0", "limit=501", "before=0", "limit=x", "before=10000000000000000001"):
+            refused = await client.get(f"/model/checkpoints?{bad}")
+            assert refused.status_code == 422, bad
+
+
+@pytest.mark.anyio
+async def test_a_body_not_sent_as_json_is_refused_naming_the_content_type(
+    service: Service,
+) -> None:
+    client, app = service
+    body = b'{"context": [0.1, 0.2, 0.3, 0.4]}'
+    for headers, got in (({"content-type": "text/plain"}, "'text/plain'"), ({}, "none")):
+        refused = await client.post("/select", content=body, headers=headers)
+        error = _error(refused, 422, "content-type")
+        assert error["message"] == (f"body: the content-type must be application/json (got {got})")
+    accepted = await client.post(
+        "/select", content=body, headers={"content-type": "application/json"}
+    )
+    assert accepted.status_code == 200
+    assert _count(app, "decisions") == 1
