@@ -12,6 +12,7 @@ import json
 from models.scores import ArmScore
 from service.batcher import MicroBatcher
 from service.db.tables import DecisionRow
+from service.deadline import within
 from service.decision_batch import Pending, Result
 from service.errors import InvalidInput
 from service.metrics import ServiceMetrics
@@ -41,7 +42,8 @@ async def decide(
 ) -> SelectResponse:
     """Answer one /select request (the batch looks its key up, scores and stores it)."""
     _check_context(body.context, settings.context_dim, settings.max_abs_feature)
-    result = await batcher.submit(Pending(body, request_hash(body)))
+    pending = Pending(body, request_hash(body))
+    result = await within(settings.request_deadline_seconds, batcher.submit(pending))
     if isinstance(result, Exception):
         raise result
     if result.created:

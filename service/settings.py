@@ -119,6 +119,10 @@ class Settings(BaseSettings):
     db_lock_timeout_ms: Annotated[int, Field(ge=1, le=3_600_000)] = 2_000
     sqlite_busy_timeout_ms: Annotated[int, Field(ge=1, le=3_600_000)] = 5_000
     readyz_timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 2.0
+    # The longest a /select or /reward waits for its database work, whatever the server
+    # does (a frozen one enforces none of the timeouts above): then a 503. The work may
+    # still finish; a retry with the same event_id then finds it, never a second copy.
+    request_deadline_seconds: Annotated[float, Field(gt=0, le=600)] = 15.0
 
     # The trainer.
     embedded_trainer: bool = True

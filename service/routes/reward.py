@@ -6,6 +6,7 @@ from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
 from service.db import repository
+from service.deadline import within
 from service.deps import ClientAuth, MetricsDep, SessionsDep, SettingsDep
 from service.errors import Conflict, InvalidInput, NotFound
 from service.schemas import RewardRequest, RewardResponse, error_responses
@@ -27,8 +28,9 @@ async def reward(
             field="value",
         )
     try:
-        outcome = await run_in_threadpool(
-            repository.attach_reward, sessions, body.event_id, body.value
+        outcome = await within(
+            settings.request_deadline_seconds,
+            run_in_threadpool(repository.attach_reward, sessions, body.event_id, body.value),
         )
     except NotFound:
         counter.labels("unknown_event").inc()
