@@ -94,7 +94,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="rofu bench load", description=__doc__.split("\n")[0])
     add = parser.add_argument
     add("--concurrency", type=concurrency_levels, default=(1, 8, 64), help="e.g. 1,8,64")
-    add("--requests", type=int, default=2000, help="/select cap per level (default 2000)")
+    add("--requests", type=int, default=2000, help="/v1/select cap per level (default 2000)")
     add("--seconds", type=float, default=25.0, help="time cap per level (default 25)")
     add("--rounds", type=int, default=3, help="interleaved visits per level (default 3)")
     add("--warmup", type=int, default=20, help="unrecorded /select per visit (default 20)")
@@ -306,11 +306,11 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     version, blob = seed_checkpoint(settings, args.n_data, args.seed)
     env, log_path = as_environment(overrides), workdir / "service.log"
     with serve(env, log_path, workers=args.workers) as base_url:
-        model = httpx.get(f"{base_url}/model", timeout=10).json()
+        model = httpx.get(f"{base_url}/v1/model", timeout=10).json()
         if model.get("version") != version or model.get("n_data") != args.n_data:
             raise RuntimeError(f"the service serves {model}, not checkpoint v{version}")
         levels = asyncio.run(drive(base_url, args))
-        final_version = httpx.get(f"{base_url}/model", timeout=10).json().get("version")
+        final_version = httpx.get(f"{base_url}/v1/model", timeout=10).json().get("version")
     audit = audit_rewards(database_url, {e: v for lv in levels for e, v in lv.acked.items()})
     batches = sorted({1} | {max(1, round(level.mean_batch or 1)) for level in levels})
     inproc = inprocess_seconds(settings, blob, batches, args.repeats)

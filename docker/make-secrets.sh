@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Writes the files that docker/compose.yaml mounts as Docker secrets, unless they exist:
-#   docker/secrets/api-keys                one key per line: /select, /reward (Bearer <key>)
-#   docker/secrets/admin-api-keys          one key per line: /arms writes, /admin/pin
+#   docker/secrets/api-keys                one key per line: /v1/select, /v1/reward (Bearer <key>)
+#   docker/secrets/admin-api-keys          one key per line: /v1/arms writes, /v1/admin/pin
 #   docker/secrets/grafana-admin-password  Grafana's admin password
 # Add or rotate a key by editing the file (one per line) and restarting api.
 set -euo pipefail

@@ -85,7 +85,7 @@ def _select(
         body["arms"] = list(arms)
     if exclude is not None:
         body["exclude"] = list(exclude)
-    return Call("POST", "/select", body)
+    return Call("POST", "/v1/select", body)
 
 
 def _parse(adapter: TypeAdapter[T], response: httpx.Response) -> T:
@@ -187,35 +187,35 @@ class RofuClient:
         exclude: Sequence[str] | None = None,
         explore: bool = True,
     ) -> SelectResponse:
-        """POST /select: a decision (the same one again for a repeated `event_id`)."""
+        """POST /v1/select: a decision (the same one again for a repeated `event_id`)."""
         call = _select(context, event_id, arms, exclude, explore)
         return _parse(SELECTED, self.send(call))
 
     def reward(self, event_id: str, value: float) -> RewardResponse:
-        """POST /reward: the reward of a decision (a repeat is `duplicate`)."""
-        call = Call("POST", "/reward", {"event_id": event_id, "value": value})
+        """POST /v1/reward: the reward of a decision (a repeat is `duplicate`)."""
+        call = Call("POST", "/v1/reward", {"event_id": event_id, "value": value})
         return _parse(REWARDED, self.send(call))
 
     def arms(self) -> list[ArmResponse]:
-        """GET /arms: every arm, active and retired."""
-        return _parse(ARMS, self.send(Call("GET", "/arms")))
+        """GET /v1/arms: every arm, active and retired."""
+        return _parse(ARMS, self.send(Call("GET", "/v1/arms")))
 
     def add_arm(self, arm_id: str, features: Sequence[float] | None = None) -> ArmResponse:
-        """POST /arms (admin key)."""
+        """POST /v1/arms (admin key)."""
         body = {"id": arm_id, "features": None if features is None else list(features)}
-        return _parse(ARM, self.send(Call("POST", "/arms", body)))
+        return _parse(ARM, self.send(Call("POST", "/v1/arms", body)))
 
     def retire_arm(self, arm_id: str) -> ArmResponse:
-        """DELETE /arms/{id} (admin key)."""
-        return _parse(ARM, self.send(Call("DELETE", f"/arms/{arm_id}")))
+        """DELETE /v1/arms/{id} (admin key)."""
+        return _parse(ARM, self.send(Call("DELETE", f"/v1/arms/{arm_id}")))
 
     def model(self) -> ModelResponse:
-        """GET /model: the served checkpoint and its settings."""
-        return _parse(MODEL, self.send(Call("GET", "/model")))
+        """GET /v1/model: the served checkpoint and its settings."""
+        return _parse(MODEL, self.send(Call("GET", "/v1/model")))
 
     def checkpoints(self, page_size: int = 50) -> Iterator[CheckpointInfo]:
         """Every stored checkpoint, newest first, following the pages' `Link` headers."""
-        call: Call | None = Call("GET", "/model/checkpoints", params={"limit": page_size})
+        call: Call | None = Call("GET", "/v1/model/checkpoints", params={"limit": page_size})
         while call is not None:
             response = self.send(call)
             yield from _parse(CHECKPOINTS, response)
@@ -283,26 +283,26 @@ class AsyncRofuClient:
         exclude: Sequence[str] | None = None,
         explore: bool = True,
     ) -> SelectResponse:
-        """POST /select."""
+        """POST /v1/select."""
         call = _select(context, event_id, arms, exclude, explore)
         return _parse(SELECTED, await self.send(call))
 
     async def reward(self, event_id: str, value: float) -> RewardResponse:
-        """POST /reward."""
-        call = Call("POST", "/reward", {"event_id": event_id, "value": value})
+        """POST /v1/reward."""
+        call = Call("POST", "/v1/reward", {"event_id": event_id, "value": value})
         return _parse(REWARDED, await self.send(call))
 
     async def arms(self) -> list[ArmResponse]:
-        """GET /arms."""
-        return _parse(ARMS, await self.send(Call("GET", "/arms")))
+        """GET /v1/arms."""
+        return _parse(ARMS, await self.send(Call("GET", "/v1/arms")))
 
     async def model(self) -> ModelResponse:
-        """GET /model."""
-        return _parse(MODEL, await self.send(Call("GET", "/model")))
+        """GET /v1/model."""
+        return _parse(MODEL, await self.send(Call("GET", "/v1/model")))
 
     async def checkpoints(self, page_size: int = 50) -> AsyncIterator[CheckpointInfo]:
         """Every stored checkpoint, newest first, page by page."""
-        call: Call | None = Call("GET", "/model/checkpoints", params={"limit": page_size})
+        call: Call | None = Call("GET", "/v1/model/checkpoints", params={"limit": page_size})
         while call is not None:
             response = await self.send(call)
             for info in _parse(CHECKPOINTS, response):

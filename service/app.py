@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.resources
 import logging
 import re
 from collections.abc import AsyncIterator
@@ -10,7 +11,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 
@@ -44,8 +47,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="1",
         summary="Online recommendations with ROFU exploration",
         lifespan=lifespan,
-        docs_url="/docs" if docs == "open" else None,
-        redoc_url="/redoc" if docs == "open" else None,
+        docs_url=None,  # served from the package's own copy below, never from a CDN
+        redoc_url=None,
         openapi_url="/openapi.json" if docs == "open" else None,
     )
     app.state.runtime = runtime
@@ -54,17 +57,49 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         reward.router,
         arms.router,
         model.router,
+        admin.router,
         health.router,
         metrics.router,
-        admin.router,
     ):
-        app.include_router(router)
+        app.include_router(router)  # each owns its prefix: /v1/..., or none for probes
+    if docs == "open":
+        _offline_docs(app)
     if docs == "key":
         _keyed_schema(app)
     _install_error_handlers(app, runtime.faults)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=runtime.metrics)
     return app
+
+
+DOCS_ASSETS = "/docs-assets"
+
+
+def _offline_docs(app: FastAPI) -> None:
+    """/docs (Swagger UI) and /redoc from the files of the `fastapi-offline` package, so
+    the pages work with no network."""
+    assets = importlib.resources.files("fastapi_offline") / "static"
+    app.mount(DOCS_ASSETS, StaticFiles(directory=str(assets)), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title="rofu API",
+            swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{DOCS_ASSETS}/favicon.png",
+        )
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc() -> HTMLResponse:
+        return get_redoc_html(
+            openapi_url="/openapi.json",
+            title="rofu API",
+            redoc_js_url=f"{DOCS_ASSETS}/redoc.standalone.js",
+            redoc_favicon_url=f"{DOCS_ASSETS}/favicon.png",
+            with_google_fonts=False,
+        )
 
 
 def _keyed_schema(app: FastAPI) -> None:
@@ -81,8 +116,8 @@ HTTP_METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "pa
 def _allowed_methods(request: Request) -> str | None:
     """Every method the schema documents for the request's path, for a 405's `Allow`.
 
-    Starlette names only the methods of the first route matching the path, while /arms
-    and /admin/pin are served by one route per method.
+    Starlette names only the methods of the first route matching the path, while /v1/arms
+    and /v1/admin/pin are served by one route per method.
     """
     paths: dict[str, dict[str, Any]] = request.app.openapi().get("paths", {})
     for template, operations in paths.items():

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service.batcher import MicroBatcher
 from service.catalogue import CatalogueCache
@@ -94,12 +95,22 @@ KeysDep = Annotated[KeyRing, Depends(get_keys)]
 RedisBusDep = Annotated[RedisBus | None, Depends(get_redis_bus)]
 
 
-async def require_client(request: Request, keys: KeysDep) -> None:
+#: Declares the scheme in the OpenAPI document (so /docs can authorise and generated
+#: clients send the key); `authorise` does the checking, with the service's own errors.
+BEARER = HTTPBearer(
+    auto_error=False,
+    scheme_name="apiKey",
+    description="A client or admin API key: `Authorization: Bearer <key>`",
+)
+Bearer = Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
+
+
+async def require_client(request: Request, keys: KeysDep, _: Bearer) -> None:
     """A client (or admin) API key, unless the service runs without keys."""
     authorise(keys, request, admin=False)
 
 
-async def require_admin(request: Request, keys: KeysDep) -> None:
+async def require_admin(request: Request, keys: KeysDep, _: Bearer) -> None:
     """An admin API key, unless the service runs without keys."""
     authorise(keys, request, admin=True)
 

@@ -1,1 +1,8 @@
-"""HTTP routes, one module per resource; each router owns its prefix."""
+"""HTTP routes, one module per resource; each router owns its prefix.
+
+Every API path starts with API_PREFIX; /healthz, /readyz and /metrics (for probes and
+scrapers, not clients) do not. The prefix is part of each router's own prefix, so a
+route's path (the metrics' `endpoint` label) is the whole path.
+"""
+
+API_PREFIX = "/v1"

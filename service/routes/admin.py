@@ -8,10 +8,11 @@ from starlette.concurrency import run_in_threadpool
 
 from service.deps import AdminAuth, FollowerDep
 from service.follower import CheckpointFollower
+from service.routes import API_PREFIX
 from service.schemas import error_responses
 
 router = APIRouter(
-    prefix="/admin",
+    prefix=f"{API_PREFIX}/admin",
     tags=["admin"],
     dependencies=[AdminAuth],
     responses=error_responses(401, 403),

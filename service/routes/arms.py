@@ -22,10 +22,11 @@ from service.deps import (
 )
 from service.errors import InvalidInput
 from service.redis_bus import RedisBus
+from service.routes import API_PREFIX
 from service.schemas import ArmRequest, ArmResponse, error_responses
 from service.settings import ARM_ID_PATTERN
 
-router = APIRouter(prefix="/arms", tags=["arms"])
+router = APIRouter(prefix=f"{API_PREFIX}/arms", tags=["arms"])
 ERRORS = error_responses(401, 403, 404, 409, 422, 503)
 ArmPath = Annotated[str, Path(pattern=ARM_ID_PATTERN)]
 log = logging.getLogger("rofu.arms")

@@ -6,16 +6,20 @@ import dataclasses
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from service.db import repository
 from service.deps import ClientAuth, SessionsDep, SettingsDep, SnapshotDep
+from service.routes import API_PREFIX
 from service.schemas import CheckpointInfo, ModelResponse, error_responses
 
 MAX_PAGE = 500
 router = APIRouter(
-    prefix="/model", tags=["model"], dependencies=[ClientAuth], responses=error_responses(401)
+    prefix=f"{API_PREFIX}/model",
+    tags=["model"],
+    dependencies=[ClientAuth],
+    responses=error_responses(401),
 )
 
 
@@ -36,6 +40,7 @@ async def model_info(snapshot: SnapshotDep, settings: SettingsDep) -> ModelRespo
 @router.get("/checkpoints", response_model=list[CheckpointInfo], responses=error_responses(422))
 async def checkpoints(
     sessions: SessionsDep,
+    request: Request,
     response: Response,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="versions per page")] = 50,
     before: Annotated[
@@ -49,7 +54,7 @@ async def checkpoints(
     if len(rows) > limit:
         rows = rows[:limit]
         response.headers["Link"] = (
-            f'</model/checkpoints?limit={limit}&before={rows[-1].version}>; rel="next"'
+            f'<{request.url.path}?limit={limit}&before={rows[-1].version}>; rel="next"'
         )
     return [
         CheckpointInfo(

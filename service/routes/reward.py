@@ -9,9 +9,10 @@ from service.db import repository
 from service.deadline import within
 from service.deps import ClientAuth, MetricsDep, SessionsDep, SettingsDep
 from service.errors import Conflict, InvalidInput, NotFound
+from service.routes import API_PREFIX
 from service.schemas import RewardRequest, RewardResponse, error_responses
 
-router = APIRouter(tags=["decisions"], dependencies=[ClientAuth])
+router = APIRouter(prefix=API_PREFIX, tags=["decisions"], dependencies=[ClientAuth])
 ERRORS = error_responses(400, 401, 403, 404, 409, 413, 422, 503)
 
 

@@ -6,9 +6,10 @@ from fastapi import APIRouter
 
 from service.decisions import decide
 from service.deps import BatcherDep, ClientAuth, MetricsDep, SettingsDep
+from service.routes import API_PREFIX
 from service.schemas import SelectRequest, SelectResponse, error_responses
 
-router = APIRouter(tags=["decisions"], dependencies=[ClientAuth])
+router = APIRouter(prefix=API_PREFIX, tags=["decisions"], dependencies=[ClientAuth])
 ERRORS = error_responses(400, 401, 403, 409, 413, 422, 503)
 
 

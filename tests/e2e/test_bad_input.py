@@ -45,7 +45,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         service_process(env, root / "log") as base_url,
         httpx.Client(base_url=base_url, timeout=30) as client,
     ):
-        known = client.post("/select", json={"context": GOOD_CONTEXT, "event_id": KNOWN_EVENT})
+        known = client.post("/v1/select", json={"context": GOOD_CONTEXT, "event_id": KNOWN_EVENT})
         assert known.status_code == 200, known.text
         yield Server(client, database)
 
@@ -83,25 +83,25 @@ class Case:
 
 CASES = [
     # Bodies that are not a JSON object.
-    Case("select-empty-body", "POST", "/select", b"", 422, "body"),
-    Case("select-not-json", "POST", "/select", b"context=1,2,3,4", 422, "body"),
-    Case("select-truncated-json", "POST", "/select", b'{"context": [1, 2', 422, "body"),
-    Case("select-trailing-garbage", "POST", "/select", _select() + b" x", 422, "body"),
-    Case("select-json-array", "POST", "/select", b"[[0.1, 0.2, 0.3, 0.4]]", 422, "body"),
-    Case("select-json-string", "POST", "/select", b'"hello"', 422, "body"),
-    Case("select-json-null", "POST", "/select", b"null", 422, "body"),
-    Case("reward-empty-body", "POST", "/reward", b"", 422, "body"),
-    Case("reward-not-json", "POST", "/reward", b"event_id=known-1", 422, "body"),
-    Case("arms-json-array", "POST", "/arms", b'["arm-9"]', 422, "body"),
+    Case("select-empty-body", "POST", "/v1/select", b"", 422, "body"),
+    Case("select-not-json", "POST", "/v1/select", b"context=1,2,3,4", 422, "body"),
+    Case("select-truncated-json", "POST", "/v1/select", b'{"context": [1, 2', 422, "body"),
+    Case("select-trailing-garbage", "POST", "/v1/select", _select() + b" x", 422, "body"),
+    Case("select-json-array", "POST", "/v1/select", b"[[0.1, 0.2, 0.3, 0.4]]", 422, "body"),
+    Case("select-json-string", "POST", "/v1/select", b'"hello"', 422, "body"),
+    Case("select-json-null", "POST", "/v1/select", b"null", 422, "body"),
+    Case("reward-empty-body", "POST", "/v1/reward", b"", 422, "body"),
+    Case("reward-not-json", "POST", "/v1/reward", b"event_id=known-1", 422, "body"),
+    Case("arms-json-array", "POST", "/v1/arms", b'["arm-9"]', 422, "body"),
     # Wrong types (the schema is strict: no coercion of strings or booleans).
-    Case("context-missing", "POST", "/select", b"{}", 422, "context"),
-    Case("context-string", "POST", "/select", _body({"context": "0.1,0.2"}), 422, "context"),
-    Case("context-null", "POST", "/select", _body({"context": None}), 422, "context"),
-    Case("context-object", "POST", "/select", _body({"context": {"a": 1}}), 422, "context"),
+    Case("context-missing", "POST", "/v1/select", b"{}", 422, "context"),
+    Case("context-string", "POST", "/v1/select", _body({"context": "0.1,0.2"}), 422, "context"),
+    Case("context-null", "POST", "/v1/select", _body({"context": None}), 422, "context"),
+    Case("context-object", "POST", "/v1/select", _body({"context": {"a": 1}}), 422, "context"),
     Case(
         "context-item-strings",
         "POST",
-        "/select",
+        "/v1/select",
         _body({"context": ["0.1", "0.2", "0.3", "0.4"]}),
         422,
         "context.0",
@@ -109,7 +109,7 @@ CASES = [
     Case(
         "context-item-bool",
         "POST",
-        "/select",
+        "/v1/select",
         _body({"context": [0.1, True, 0.3, 0.4]}),
         422,
         "context.1",
@@ -117,20 +117,20 @@ CASES = [
     Case(
         "context-item-list",
         "POST",
-        "/select",
+        "/v1/select",
         _body({"context": [0.1, 0.2, [0.3], 0.4]}),
         422,
         "context.2",
     ),
-    Case("explore-string", "POST", "/select", _select(explore="false"), 422, "explore"),
-    Case("explore-number", "POST", "/select", _select(explore=0), 422, "explore"),
-    Case("event-id-number", "POST", "/select", _select(event_id=17), 422, "event_id"),
-    Case("arms-string", "POST", "/select", _select(arms="arm-0"), 422, "arms"),
-    Case("exclude-number", "POST", "/select", _select(exclude=[3]), 422, "exclude.0"),
+    Case("explore-string", "POST", "/v1/select", _select(explore="false"), 422, "explore"),
+    Case("explore-number", "POST", "/v1/select", _select(explore=0), 422, "explore"),
+    Case("event-id-number", "POST", "/v1/select", _select(event_id=17), 422, "event_id"),
+    Case("arms-string", "POST", "/v1/select", _select(arms="arm-0"), 422, "arms"),
+    Case("exclude-number", "POST", "/v1/select", _select(exclude=[3]), 422, "exclude.0"),
     Case(
         "value-string",
         "POST",
-        "/reward",
+        "/v1/reward",
         _body({"event_id": KNOWN_EVENT, "value": "1"}),
         422,
         "value",
@@ -138,7 +138,7 @@ CASES = [
     Case(
         "value-bool",
         "POST",
-        "/reward",
+        "/v1/reward",
         _body({"event_id": KNOWN_EVENT, "value": True}),
         422,
         "value",
@@ -146,25 +146,32 @@ CASES = [
     Case(
         "value-null",
         "POST",
-        "/reward",
+        "/v1/reward",
         _body({"event_id": KNOWN_EVENT, "value": None}),
         422,
         "value",
     ),
-    Case("value-missing", "POST", "/reward", _body({"event_id": KNOWN_EVENT}), 422, "value"),
-    Case("reward-event-missing", "POST", "/reward", _body({"value": 1.0}), 422, "event_id"),
+    Case("value-missing", "POST", "/v1/reward", _body({"event_id": KNOWN_EVENT}), 422, "value"),
+    Case("reward-event-missing", "POST", "/v1/reward", _body({"value": 1.0}), 422, "event_id"),
     # Non-finite numbers, sent as the literals Python's json module would write.
-    Case("context-nan", "POST", "/select", b'{"context":[1,NaN,0,0]}', 422, "context.1"),
-    Case("context-infinity", "POST", "/select", b'{"context":[1,0,Infinity,0]}', 422, "context.2"),
+    Case("context-nan", "POST", "/v1/select", b'{"context":[1,NaN,0,0]}', 422, "context.1"),
     Case(
-        "context-minus-inf", "POST", "/select", b'{"context":[-Infinity,0,0,0]}', 422, "context.0"
+        "context-infinity", "POST", "/v1/select", b'{"context":[1,0,Infinity,0]}', 422, "context.2"
     ),
-    Case("context-overflow", "POST", "/select", b'{"context":[1e999,0,0,0]}', 422, "context.0"),
-    Case("value-nan", "POST", "/reward", b'{"event_id":"known-1","value":NaN}', 422, "value"),
+    Case(
+        "context-minus-inf",
+        "POST",
+        "/v1/select",
+        b'{"context":[-Infinity,0,0,0]}',
+        422,
+        "context.0",
+    ),
+    Case("context-overflow", "POST", "/v1/select", b'{"context":[1e999,0,0,0]}', 422, "context.0"),
+    Case("value-nan", "POST", "/v1/reward", b'{"event_id":"known-1","value":NaN}', 422, "value"),
     Case(
         "value-infinity",
         "POST",
-        "/reward",
+        "/v1/reward",
         b'{"event_id":"known-1","value":Infinity}',
         422,
         "value",
@@ -172,28 +179,40 @@ CASES = [
     Case(
         "value-minus-inf",
         "POST",
-        "/reward",
+        "/v1/reward",
         b'{"event_id":"known-1","value":-Infinity}',
         422,
         "value",
     ),
     Case(
-        "value-overflow", "POST", "/reward", b'{"event_id":"known-1","value":-1e400}', 422, "value"
+        "value-overflow",
+        "POST",
+        "/v1/reward",
+        b'{"event_id":"known-1","value":-1e400}',
+        422,
+        "value",
     ),
     # Values the schema cannot see.
-    Case("context-short", "POST", "/select", _body({"context": [0.1, 0.2, 0.3]}), 422, "context"),
-    Case("context-long", "POST", "/select", _body({"context": [0.1] * 5}), 422, "context"),
-    Case("context-empty", "POST", "/select", _body({"context": []}), 422, "context"),
-    Case("arms-unknown", "POST", "/select", _select(arms=["arm-0", "arm-99"]), 422, "arms"),
-    Case("exclude-unknown", "POST", "/select", _select(exclude=["arm-99"]), 422, "exclude"),
-    Case("arms-duplicate", "POST", "/select", _select(arms=["arm-1", "arm-1"]), 422, "arms"),
     Case(
-        "exclude-duplicate", "POST", "/select", _select(exclude=["arm-1", "arm-1"]), 422, "exclude"
+        "context-short", "POST", "/v1/select", _body({"context": [0.1, 0.2, 0.3]}), 422, "context"
+    ),
+    Case("context-long", "POST", "/v1/select", _body({"context": [0.1] * 5}), 422, "context"),
+    Case("context-empty", "POST", "/v1/select", _body({"context": []}), 422, "context"),
+    Case("arms-unknown", "POST", "/v1/select", _select(arms=["arm-0", "arm-99"]), 422, "arms"),
+    Case("exclude-unknown", "POST", "/v1/select", _select(exclude=["arm-99"]), 422, "exclude"),
+    Case("arms-duplicate", "POST", "/v1/select", _select(arms=["arm-1", "arm-1"]), 422, "arms"),
+    Case(
+        "exclude-duplicate",
+        "POST",
+        "/v1/select",
+        _select(exclude=["arm-1", "arm-1"]),
+        422,
+        "exclude",
     ),
     Case(
         "exclude-everything",
         "POST",
-        "/select",
+        "/v1/select",
         _select(exclude=["arm-0", "arm-1", "arm-2", "arm-3"]),
         422,
         "exclude",
@@ -201,37 +220,37 @@ CASES = [
     Case(
         "arms-all-excluded",
         "POST",
-        "/select",
+        "/v1/select",
         _select(arms=["arm-2"], exclude=["arm-2"]),
         422,
         "exclude",
     ),
-    Case("arms-empty", "POST", "/select", _select(arms=[]), 422, "arms"),
-    Case("arms-bad-id", "POST", "/select", _select(arms=["arm 0"]), 422, "arms.0"),
+    Case("arms-empty", "POST", "/v1/select", _select(arms=[]), 422, "arms"),
+    Case("arms-bad-id", "POST", "/v1/select", _select(arms=["arm 0"]), 422, "arms.0"),
     # Unknown fields are refused, never ignored.
-    Case("select-extra-field", "POST", "/select", _select(colour="red"), 422, "colour"),
-    Case("select-misspelt-field", "POST", "/select", _select(exlude=["arm-0"]), 422, "exlude"),
+    Case("select-extra-field", "POST", "/v1/select", _select(colour="red"), 422, "colour"),
+    Case("select-misspelt-field", "POST", "/v1/select", _select(exlude=["arm-0"]), 422, "exlude"),
     Case(
         "reward-extra-field",
         "POST",
-        "/reward",
+        "/v1/reward",
         _body({"event_id": KNOWN_EVENT, "value": 1.0, "weight": 2}),
         422,
         "weight",
     ),
-    Case("arm-extra-field", "POST", "/arms", _body({"id": "arm-9", "colour": 1}), 422, "colour"),
+    Case("arm-extra-field", "POST", "/v1/arms", _body({"id": "arm-9", "colour": 1}), 422, "colour"),
     # Event ids.
-    Case("event-id-space", "POST", "/select", _select(event_id="order 1"), 422, "event_id"),
-    Case("event-id-slash", "POST", "/select", _select(event_id="a/b"), 422, "event_id"),
-    Case("event-id-unicode", "POST", "/select", _select(event_id="ordér-1"), 422, "event_id"),
-    Case("event-id-empty", "POST", "/select", _select(event_id=""), 422, "event_id"),
-    Case("event-id-leading-dash", "POST", "/select", _select(event_id="-x"), 422, "event_id"),
-    Case("event-id-129-chars", "POST", "/select", _select(event_id="e" * 129), 422, "event_id"),
-    Case("event-id-newline", "POST", "/select", _select(event_id="order-1\n"), 422, "event_id"),
+    Case("event-id-space", "POST", "/v1/select", _select(event_id="order 1"), 422, "event_id"),
+    Case("event-id-slash", "POST", "/v1/select", _select(event_id="a/b"), 422, "event_id"),
+    Case("event-id-unicode", "POST", "/v1/select", _select(event_id="ordér-1"), 422, "event_id"),
+    Case("event-id-empty", "POST", "/v1/select", _select(event_id=""), 422, "event_id"),
+    Case("event-id-leading-dash", "POST", "/v1/select", _select(event_id="-x"), 422, "event_id"),
+    Case("event-id-129-chars", "POST", "/v1/select", _select(event_id="e" * 129), 422, "event_id"),
+    Case("event-id-newline", "POST", "/v1/select", _select(event_id="order-1\n"), 422, "event_id"),
     Case(
         "reward-event-id-bad",
         "POST",
-        "/reward",
+        "/v1/reward",
         _body({"event_id": "known 1", "value": 1.0}),
         422,
         "event_id",
@@ -239,7 +258,7 @@ CASES = [
     Case(
         "reward-event-id-129-chars",
         "POST",
-        "/reward",
+        "/v1/reward",
         _body({"event_id": "e" * 129, "value": 1.0}),
         422,
         "event_id",
@@ -247,22 +266,22 @@ CASES = [
     Case(
         "reward-unknown-event",
         "POST",
-        "/reward",
+        "/v1/reward",
         _body({"event_id": "never-selected", "value": 1.0}),
         404,
         "event_id",
     ),
     # The arm catalogue.
-    Case("arm-bad-id", "POST", "/arms", _body({"id": "arm 9"}), 422, "id"),
-    Case("arm-empty-id", "POST", "/arms", _body({"id": ""}), 422, "id"),
-    Case("arm-id-129-chars", "POST", "/arms", _body({"id": "a" * 129}), 422, "id"),
-    Case("arm-id-number", "POST", "/arms", _body({"id": 9}), 422, "id"),
-    Case("arm-id-newline", "POST", "/arms", _body({"id": "arm-9\n"}), 422, "id"),
-    Case("arm-missing-id", "POST", "/arms", b"{}", 422, "id"),
+    Case("arm-bad-id", "POST", "/v1/arms", _body({"id": "arm 9"}), 422, "id"),
+    Case("arm-empty-id", "POST", "/v1/arms", _body({"id": ""}), 422, "id"),
+    Case("arm-id-129-chars", "POST", "/v1/arms", _body({"id": "a" * 129}), 422, "id"),
+    Case("arm-id-number", "POST", "/v1/arms", _body({"id": 9}), 422, "id"),
+    Case("arm-id-newline", "POST", "/v1/arms", _body({"id": "arm-9\n"}), 422, "id"),
+    Case("arm-missing-id", "POST", "/v1/arms", b"{}", 422, "id"),
     Case(
         "arm-features-per-arm-model",
         "POST",
-        "/arms",
+        "/v1/arms",
         _body({"id": "arm-9", "features": [0.5, 1.0]}),
         422,
         "features",
@@ -270,12 +289,12 @@ CASES = [
     Case(
         "arm-features-nan",
         "POST",
-        "/arms",
+        "/v1/arms",
         b'{"id":"arm-9","features":[NaN]}',
         422,
         "features.0",
     ),
-    Case("arm-delete-bad-id", "DELETE", "/arms/arm%209", b"", 422, "path.arm_id"),
+    Case("arm-delete-bad-id", "DELETE", "/v1/arms/arm%209", b"", 422, "path.arm_id"),
 ]
 
 
@@ -306,7 +325,7 @@ def test_bad_input_gets_a_clear_error_and_writes_nothing(server: Server, case: C
     assert _counts(server.database) == before
 
 
-@pytest.mark.parametrize("path", ["/select", "/reward", "/arms"])
+@pytest.mark.parametrize("path", ["/v1/select", "/v1/reward", "/v1/arms"])
 def test_bad_input_huge_body_is_413(server: Server, path: str) -> None:
     before = _counts(server.database)
     padding = "x" * (300 * 1024)  # max_body_bytes defaults to 256 KiB
@@ -331,7 +350,7 @@ def test_bad_input_huge_chunked_body_is_413(server: Server) -> None:
         yield b'"}'
 
     response = server.client.post(
-        "/select", content=chunks(), headers={"content-type": "application/json"}
+        "/v1/select", content=chunks(), headers={"content-type": "application/json"}
     )
     assert response.status_code == 413, response.text
     assert response.json()["error"]["code"] == "payload_too_large"
@@ -350,7 +369,7 @@ def test_bad_input_huge_chunked_body_is_413(server: Server) -> None:
 def test_bad_input_unparseable_body_is_a_4xx_without_traceback(server: Server, body: bytes) -> None:
     before = _counts(server.database)
     response = server.client.post(
-        "/select", content=body, headers={"content-type": "application/json"}
+        "/v1/select", content=body, headers={"content-type": "application/json"}
     )
     assert 400 <= response.status_code < 500, response.text
     assert set(response.json()["error"]) == {"code", "message", "field"}
@@ -361,10 +380,10 @@ def test_bad_input_unparseable_body_is_a_4xx_without_traceback(server: Server, b
 def test_bad_input_leaves_the_service_working(server: Server) -> None:
     """After every refusal above the same process still decides and stores rewards."""
     before = _counts(server.database)
-    decision = server.client.post("/select", json={"context": GOOD_CONTEXT})
+    decision = server.client.post("/v1/select", json={"context": GOOD_CONTEXT})
     assert decision.status_code == 200, decision.text
     event_id = decision.json()["event_id"]
-    reward = server.client.post("/reward", json={"event_id": event_id, "value": 1.0})
+    reward = server.client.post("/v1/reward", json={"event_id": event_id, "value": 1.0})
     assert reward.status_code == 200, reward.text
     after = _counts(server.database)
     assert after["decisions"] == before["decisions"] + 1

@@ -146,12 +146,12 @@ def corrupt_and_recover(
 
 def check_pins(http: httpx.Client, damaged: int, newest: int) -> None:
     """Pinning the damaged version is refused; pinning a valid one works, and unpinning."""
-    refused = http.put("/admin/pin", json={"version": damaged}, headers=ADMIN)
+    refused = http.put("/v1/admin/pin", json={"version": damaged}, headers=ADMIN)
     assert refused.status_code == 409, refused.text
     assert "quarantined" in refused.json()["error"]["message"]
-    pinned = http.put("/admin/pin", json={"version": damaged - 1}, headers=ADMIN)
+    pinned = http.put("/v1/admin/pin", json={"version": damaged - 1}, headers=ADMIN)
     assert pinned.json() == {"pinned": damaged - 1, "serving": damaged - 1}, pinned.text
-    unpinned = http.delete("/admin/pin", headers=ADMIN)
+    unpinned = http.delete("/v1/admin/pin", headers=ADMIN)
     assert unpinned.json() == {"pinned": None, "serving": newest}, unpinned.text
 
 

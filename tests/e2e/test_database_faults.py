@@ -96,7 +96,7 @@ def decide(http: httpx.Client, prefix: str, n: int, seed: int) -> list[tuple[str
     owed = []
     for i in range(n):
         context = [round(rng.gauss(0.0, 1.0), 4) for _ in range(DIM)]
-        reply = http.post("/select", json={"context": context, "event_id": f"{prefix}-{i}"})
+        reply = http.post("/v1/select", json={"context": context, "event_id": f"{prefix}-{i}"})
         assert reply.status_code == 200, reply.text
         owed.append((f"{prefix}-{i}", round(rng.uniform(-1, 1), 4)))
     return owed
@@ -201,8 +201,8 @@ def test_postgres_table_lock_gives_bounded_503s_then_recovers(tmp_path: Path) ->
                 locked_at = time.monotonic()
                 wait_for(
                     lambda: (
-                        len(refused(clients, "/select", locked_at)) >= 5
-                        and len(refused(clients, "/reward", locked_at)) >= 5
+                        len(refused(clients, "/v1/select", locked_at)) >= 5
+                        and len(refused(clients, "/v1/reward", locked_at)) >= 5
                     ),
                     "503s to the clients under the lock",
                     timeout=HOLD_S,
@@ -213,7 +213,7 @@ def test_postgres_table_lock_gives_bounded_503s_then_recovers(tmp_path: Path) ->
             released_at = time.monotonic()
             wait_for(lambda: readyz(http).status == 200, "ready again", timeout=BOUND_S)
             wait_for(
-                lambda: all(c.answered("/reward", released_at) for c in clients),
+                lambda: all(c.answered("/v1/reward", released_at) for c in clients),
                 "every client's rewards acknowledged again",
                 timeout=30,
             )
@@ -276,7 +276,7 @@ def post_until_refused(
     """Post rewards until one is refused (a 503: the table needs a new page); returns
     the rewards not acknowledged."""
     for i, (event_id, value) in enumerate(rewards):
-        reply = http.post("/reward", json={"event_id": event_id, "value": value})
+        reply = http.post("/v1/reward", json={"event_id": event_id, "value": value})
         if reply.status_code == 503:
             assert reply.headers["retry-after"].isdigit(), reply.headers
             assert "disk_full" in reply.json()["error"]["message"], reply.text
@@ -307,7 +307,7 @@ def test_sqlite_full_database_gives_bounded_503s_then_recovers(tmp_path: Path) -
         full_at = time.monotonic()
         left = post_until_refused(http, mine, acked)
         wait_for(
-            lambda: len(refused(clients, "/select", full_at)) >= 5,
+            lambda: len(refused(clients, "/v1/select", full_at)) >= 5,
             "503s to the clients' decisions",
             timeout=HOLD_S,
         )
@@ -317,11 +317,11 @@ def test_sqlite_full_database_gives_bounded_503s_then_recovers(tmp_path: Path) -
         lifted_at = time.monotonic()
         wait_for(lambda: readyz(http).status == 200, "ready again", timeout=BOUND_S)
         for event_id, value in left:  # retried after the outage, as a client would
-            reply = http.post("/reward", json={"event_id": event_id, "value": value})
+            reply = http.post("/v1/reward", json={"event_id": event_id, "value": value})
             assert reply.status_code == 200, reply.text
             acked[event_id] = reply.json()["value"]
         wait_for(
-            lambda: all(c.answered("/select", lifted_at) for c in clients),
+            lambda: all(c.answered("/v1/select", lifted_at) for c in clients),
             "every client's decisions stored again",
             timeout=30,
         )

@@ -399,15 +399,15 @@ class Client(threading.Thread):
                 self._turn += 1
                 if self._rewards:
                     event_id, value = self._rewards.popleft()
-                    job = ("/reward", {"event_id": event_id, "value": value}, 1)
+                    job = ("/v1/reward", {"event_id": event_id, "value": value}, 1)
                 elif self._owed and (self._turn % 2 == 0 or self._mode == "drain"):
                     event_id, value = self._owed.popleft()
-                    job = ("/reward", {"event_id": event_id, "value": value}, 1)
+                    job = ("/v1/reward", {"event_id": event_id, "value": value}, 1)
                 elif self._mode == "run":
                     self._n += 1
                     context = [round(self._rng.gauss(0.0, 1.0), 4) for _ in range(DIM)]
                     body = {"context": context, "event_id": f"{self._prefix}-{self._n}"}
-                    job = ("/select", body, 1)
+                    job = ("/v1/select", body, 1)
             self._busy = job is not None
             return job
 
@@ -433,7 +433,7 @@ class Client(threading.Thread):
         if reply.status_code == 503:
             wait = call.retry_after or ""
             self._retry(float(wait) if wait.isdigit() else 1.0, path, body, attempt)
-        elif reply.is_success and path == "/select":
+        elif reply.is_success and path == "/v1/select":
             data = reply.json()
             call.version = data["model_version"]
             with self._lock:
@@ -527,7 +527,7 @@ def assert_statuses(calls: list[Call], allowed: set[int | None]) -> None:
 
 def model(http: httpx.Client) -> dict[str, Any]:
     """The API's /model answer."""
-    reply = http.get("/model")
+    reply = http.get("/v1/model")
     assert reply.status_code == 200, reply.text
     data: dict[str, Any] = reply.json()
     return data
@@ -571,7 +571,7 @@ def test_redis_outage_api_keeps_serving_and_follows_the_trainer_again(database, 
                 ),
                 "the trainer storing checkpoints while Redis is down",
             )
-            wait_for(lambda: len(client.answered("/select", down_at)) >= 20, "outage traffic")
+            wait_for(lambda: len(client.answered("/v1/select", down_at)) >= 20, "outage traffic")
             serving_down = model(http)["version"]
             stored_down = newest_stored(database)
             failures_down = metric(metrics_port, "rofu_trainer_publish_failures_total")
@@ -588,7 +588,7 @@ def test_redis_outage_api_keeps_serving_and_follows_the_trainer_again(database, 
             wait_for(lambda: model(http)["version"] >= next_version, "a new checkpoint served")
             follow_s = time.monotonic() - up_at
             followed_at = time.monotonic()
-            wait_for(lambda: len(client.answered("/select", followed_at)) >= 5, "traffic after")
+            wait_for(lambda: len(client.answered("/v1/select", followed_at)) >= 5, "traffic after")
             pointer = redis.Redis.from_url(redis_url)
             try:
                 latest = pointer.get(f"{env['ROFU_REDIS_PREFIX']}:checkpoint:latest")
@@ -603,12 +603,12 @@ def test_redis_outage_api_keeps_serving_and_follows_the_trainer_again(database, 
     calls = client.calls
     assert_statuses(calls, {200})  # nothing failed, before, during or after the outage
     outage = [c for c in calls if c.started >= down_at and c.ended <= up_at]
-    selects = [c for c in outage if c.path == "/select"]
+    selects = [c for c in outage if c.path == "/v1/select"]
     versions = [c.version for c in selects]
     assert len(selects) >= 20
     assert all(v is not None and 2 <= v <= serving_down for v in versions), versions
     assert versions == sorted(versions), "the served version never goes back"
-    later = [c.version or 0 for c in calls if c.path == "/select" and c.started >= followed_at]
+    later = [c.version or 0 for c in calls if c.path == "/v1/select" and c.started >= followed_at]
     assert later
     assert min(later) >= next_version
     assert "publishing checkpoint" in trainer_log.read_text()
@@ -643,7 +643,7 @@ def test_postgres_outage_answers_503_then_recovers_without_losing_rewards(privat
         owed = []  # rewards still due for decisions made before the outage
         for i in range(80):
             context = [round(rng.gauss(0.0, 1.0), 4) for _ in range(DIM)]
-            reply = http.post("/select", json={"context": context, "event_id": f"before-{i}"})
+            reply = http.post("/v1/select", json={"context": context, "event_id": f"before-{i}"})
             assert reply.status_code == 200, reply.text
             owed.append((f"before-{i}", round(i / 80 - 0.5, 4)))
         abandoned, owed = owed[:6], owed[6:]  # posted once during the outage, never retried
@@ -655,16 +655,16 @@ def test_postgres_outage_answers_503_then_recovers_without_losing_rewards(privat
             healthz = http.get("/healthz").status_code
             readyz = http.get("/readyz")
             refused = [
-                http.post("/reward", json={"event_id": event_id, "value": value})
+                http.post("/v1/reward", json={"event_id": event_id, "value": value})
                 for event_id, value in abandoned
             ]
             context = [0.1, 0.2, 0.3]
-            refused.append(http.post("/select", json={"context": context, "event_id": "lost"}))
+            refused.append(http.post("/v1/select", json={"context": context, "event_id": "lost"}))
             wait_for(  # the client's own traffic, and retries after Retry-After, refused too
                 lambda: (
-                    len(client.answered("/reward", down_at, 503)) >= 5
-                    and len(client.answered("/select", down_at, 503)) >= 5
-                    and any(c.attempt >= 2 for c in client.answered("/reward", down_at, 503))
+                    len(client.answered("/v1/reward", down_at, 503)) >= 5
+                    and len(client.answered("/v1/select", down_at, 503)) >= 5
+                    and any(c.attempt >= 2 for c in client.answered("/v1/reward", down_at, 503))
                 ),
                 "503s to the client during the outage",
                 timeout=30,
@@ -675,10 +675,12 @@ def test_postgres_outage_answers_503_then_recovers_without_losing_rewards(privat
             wait_for(lambda: http.get("/readyz").status_code == 200, "ready again", 30, 0.05)
             ready_s = time.monotonic() - restarted_at
             wait_for(
-                lambda: client.answered("/reward", restarted_at), "rewards acknowledged again", 30
+                lambda: client.answered("/v1/reward", restarted_at),
+                "rewards acknowledged again",
+                30,
             )
             recovered_s = time.monotonic() - restarted_at
-            wait_for(lambda: client.answered("/select", restarted_at), "decisions again", 30)
+            wait_for(lambda: client.answered("/v1/select", restarted_at), "decisions again", 30)
             seed_checkpoint(settings, n_rows=50)  # stored without a bus notice: polled for
             wait_for(lambda: model(http)["version"] == 1, "the checkpoint poll still running", 30)
             client.pause(drain=True)  # every owed reward and every retry acknowledged
@@ -729,10 +731,10 @@ def test_trainer_killed_mid_fit_leaves_the_served_model_and_a_new_one_resumes(da
     ):
         for _ in range(30):
             context = [round(rng.gauss(0.0, 1.0), 4) for _ in range(DIM)]
-            chosen = http.post("/select", json={"context": context})
+            chosen = http.post("/v1/select", json={"context": context})
             assert chosen.status_code == 200, chosen.text
             event_id = chosen.json()["event_id"]
-            reward = http.post("/reward", json={"event_id": event_id, "value": rng.random()})
+            reward = http.post("/v1/reward", json={"event_id": event_id, "value": rng.random()})
             assert reward.status_code == 200, reward.text
         once = subprocess.run(
             [sys.executable, "-m", "service.cli", "trainer", "--once"],
@@ -746,7 +748,7 @@ def test_trainer_killed_mid_fit_leaves_the_served_model_and_a_new_one_resumes(da
         assert once.returncode == 0, once.stdout + once.stderr
         wait_for(lambda: model(http)["version"] == 1, "the API serving checkpoint 1")
         served_before = model(http)
-        [first] = http.get("/model/checkpoints").json()
+        [first] = http.get("/v1/model/checkpoints").json()
 
         with running_client(base_url, "kill") as client:
             wait_for(lambda: len(client.acked) >= 10, "new decisions and rewards")
@@ -764,11 +766,11 @@ def test_trainer_killed_mid_fit_leaves_the_served_model_and_a_new_one_resumes(da
                 slow.wait(10)
                 killed_at = time.monotonic()
             assert slow.returncode == -signal.SIGKILL
-            wait_for(lambda: len(client.answered("/select", killed_at)) >= 10, "traffic after")
+            wait_for(lambda: len(client.answered("/v1/select", killed_at)) >= 10, "traffic after")
             client.pause(drain=True)  # a quiet database: the resumed run's rows are known
 
             served_after = model(http)
-            listed_after = http.get("/model/checkpoints").json()
+            listed_after = http.get("/v1/model/checkpoints").json()
             stored_after = stored_versions(database)
             marks = dict(query(database, "select trained_in, count(*) from decisions group by 1"))
             untrained = marks.get(None, 0)
@@ -785,10 +787,12 @@ def test_trainer_killed_mid_fit_leaves_the_served_model_and_a_new_one_resumes(da
 
             with trainer_process(env, logs("trainer")):
                 wait_for(lambda: model(http)["version"] >= 2, "the API serving checkpoint 2")
-                listed = http.get("/model/checkpoints").json()
+                listed = http.get("/v1/model/checkpoints").json()
                 client.resume()
                 resumed_at = time.monotonic()
-                wait_for(lambda: len(client.answered("/select", resumed_at)) >= 5, "traffic on v2")
+                wait_for(
+                    lambda: len(client.answered("/v1/select", resumed_at)) >= 5, "traffic on v2"
+                )
                 client.halt()
         second_blob = query(database, "select blob from checkpoints where version = 2")[0][0]
         marks_done = dict(query(database, "select trained_in, count(*) from decisions group by 1"))
@@ -802,7 +806,7 @@ def test_trainer_killed_mid_fit_leaves_the_served_model_and_a_new_one_resumes(da
     assert set(marks) == {1, None}, marks  # nothing marked by the killed run
     assert untrained > 0
     assert rewarded_untrained == untrained
-    during = [c for c in client.calls if c.path == "/select" and c.ended < resumed_at]
+    during = [c for c in client.calls if c.path == "/v1/select" and c.ended < resumed_at]
     assert_statuses(client.calls, {200})
     assert {c.version for c in during} == {1}
     # The new trainer resumed from v1: v2 holds v1's rows plus exactly the new ones.
@@ -814,7 +818,7 @@ def test_trainer_killed_mid_fit_leaves_the_served_model_and_a_new_one_resumes(da
     assert load_checkpoint(bytes(second_blob)).extra["parent_version"] == "1"
     assert marks_done.get(2) == untrained
     assert marks_done.get(1) == 30
-    after = [c.version for c in client.calls if c.path == "/select" and c.started >= resumed_at]
+    after = [c.version for c in client.calls if c.path == "/v1/select" and c.started >= resumed_at]
     assert after
     assert min(v or 0 for v in after) >= 2
     print(
@@ -849,7 +853,7 @@ def test_api_killed_and_restarted_is_ready_only_with_the_newest_checkpoint(datab
             first.kill()
             first.wait(10)
             killed_at = time.monotonic()
-            wait_for(lambda: len(client.answered("/select", killed_at, None)) >= 3, "refusals")
+            wait_for(lambda: len(client.answered("/v1/select", killed_at, None)) >= 3, "refusals")
             client.pause()
             # No new decisions: once the trainer consumed the last ones the newest stays put.
             wait_for(lambda: untrained_decisions(database) == 0, "the trainer catching up")
@@ -877,9 +881,9 @@ def test_api_killed_and_restarted_is_ready_only_with_the_newest_checkpoint(datab
                     break
                 time.sleep(0.05)
             ready_at = time.monotonic()
-            chosen = http.post("/select", json={"context": [0.5] * DIM})
+            chosen = http.post("/v1/select", json={"context": [0.5] * DIM})
             client.resume()
-            wait_for(lambda: len(client.answered("/select", ready_at)) >= 10, "traffic again")
+            wait_for(lambda: len(client.answered("/v1/select", ready_at)) >= 10, "traffic again")
             client.halt()
 
     assert newest >= 2
@@ -893,7 +897,7 @@ def test_api_killed_and_restarted_is_ready_only_with_the_newest_checkpoint(datab
     assert_statuses(calls, {200, None})
     lost = [c for c in calls if c.status is None]
     assert all(killed_at - 1 <= c.started and c.ended <= ready_at for c in lost), lost[:3]
-    after = [c.version for c in calls if c.path == "/select" and c.started >= ready_at]
+    after = [c.version for c in calls if c.path == "/v1/select" and c.started >= ready_at]
     assert after
     assert min(v or 0 for v in after) >= newest, (
         "an older model (or a cold start) after the restart"

@@ -20,7 +20,7 @@ arm_feature_dim).
 State: after every response the SQLite file is read back and the change since the
 previous response must be exactly what that response accounts for: a 2xx /select adds
 its decision (none for a replayed event_id), a 2xx /reward with duplicate=false adds its
-reward, a 201 POST /arms adds its arm, a 2xx DELETE /arms retires it, a 2xx on
+reward, a 201 POST /v1/arms adds its arm, a 2xx DELETE /v1/arms retires it, a 2xx on
 /admin/pin sets the pin it reports; anything else (every 4xx) changes nothing.
 
 The service log must hold no traceback. `test_fuzz_findings_stay_fixed` replays what
@@ -64,11 +64,11 @@ CONTEXT_DIM = 8  # the demo's: the schema's example context has 8 values
 CLIENT_KEY = "fuzz-client-key-0123456789"
 ADMIN_KEY = "fuzz-admin-key-0123456789"
 KNOWN_EVENT = "order-1234"  # the schema's example event_id, so /reward examples find it
-ADMIN_PATHS = ("/arms", "/admin/")
+ADMIN_PATHS = ("/v1/arms", "/v1/admin/")
 OPEN_PATHS = ("/healthz", "/readyz", "/metrics")
 WRITES = frozenset(
-    {"POST /select", "POST /reward", "POST /arms", "DELETE /arms/{arm_id}"}
-    | {"PUT /admin/pin", "DELETE /admin/pin"}
+    {"POST /v1/select", "POST /v1/reward", "POST /v1/arms", "DELETE /v1/arms/{arm_id}"}
+    | {"PUT /v1/admin/pin", "DELETE /v1/admin/pin"}
 )
 
 
@@ -103,9 +103,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         context = [0.1] * CONTEXT_DIM
         for event_id in (KNOWN_EVENT, "order-1235"):
             body = {"context": context, "event_id": event_id}
-            assert httpx.post(f"{base_url}/select", json=body, headers=headers).status_code == 200
+            assert (
+                httpx.post(f"{base_url}/v1/select", json=body, headers=headers).status_code == 200
+            )
         reward = {"event_id": "order-1235", "value": 1.0}
-        assert httpx.post(f"{base_url}/reward", json=reward, headers=headers).status_code == 200
+        assert httpx.post(f"{base_url}/v1/reward", json=reward, headers=headers).status_code == 200
         yield Server(base_url, database, log)
 
 
@@ -163,14 +165,14 @@ def explained(operation: str, status: int, response: Any, before: State) -> dict
     if not 200 <= status < 300 or operation not in WRITES:
         return {}
     body = response.json()
-    if operation == "POST /select":
+    if operation == "POST /v1/select":
         new = body["event_id"] not in before.decisions
         return {"decisions added": [body["event_id"]]} if new else {}
-    if operation == "POST /reward":
+    if operation == "POST /v1/reward":
         return {} if body["duplicate"] else {"rewards set": {body["event_id"]: body["value"]}}
-    if operation == "POST /arms":
+    if operation == "POST /v1/arms":
         return {"arms added": [body["id"]]}
-    if operation == "DELETE /arms/{arm_id}":
+    if operation == "DELETE /v1/arms/{arm_id}":
         return {"arms retired": [body["id"]]} if before.arms.get(body["id"]) else {}
     return {"pin": body["pinned"]} if body["pinned"] != before.pin else {}
 
@@ -291,7 +293,7 @@ def fuzz(server: Server, identity: str, key: str | None, examples: int) -> Run:
         Hypothesis draws event ids from a small pool, so most generated /select requests
         reuse a key for a different request: a correct 409, but one that never reaches
         scoring. The other half keep their key, so conflicts and replays stay covered."""
-        if context.operation.label != "POST /select" or not isinstance(body, dict):
+        if context.operation.label != "POST /v1/select" or not isinstance(body, dict):
             return body
         event_id = body.get("event_id")
         if isinstance(event_id, str) and re.fullmatch(EVENT_ID_PATTERN, event_id):
@@ -365,7 +367,7 @@ def test_fuzz_findings_stay_fixed(server: Server) -> None:
         # NaNs picked a non-candidate slot (KeyError, 500). Now the feature bound refuses
         # them first (422 naming the feature); tests/unit/test_input_bounds.py covers the
         # scorer's own guard for a raised bound.
-        huge = client.post("/select", json={"context": [1e30] * CONTEXT_DIM})
+        huge = client.post("/v1/select", json={"context": [1e30] * CONTEXT_DIM})
         assert huge.status_code == 422, huge.text
         assert huge.json()["error"]["field"] == "context.0"
         assert "ROFU_MAX_ABS_FEATURE" in huge.json()["error"]["message"]
@@ -373,33 +375,33 @@ def test_fuzz_findings_stay_fixed(server: Server) -> None:
         # (500 for every request scored with it). Now refused by the schema.
         context = [0.0] * CONTEXT_DIM
         context[1] = -1.7976931348623155e308
-        beyond = client.post("/select", json={"context": context})
+        beyond = client.post("/v1/select", json={"context": context})
         assert beyond.status_code == 422, beyond.text
         assert beyond.json()["error"]["field"] == "context.1"
         # A version beyond the 32-bit column overflowed in the driver (500).
-        pin = client.put("/admin/pin", json={"version": 68315177396257176969805824})
+        pin = client.put("/v1/admin/pin", json={"version": 68315177396257176969805824})
         assert pin.status_code == 422, pin.text
         assert pin.json()["error"]["field"] == "version"
         # A 405 named only the first route's methods (GET) for /arms and /admin/pin.
-        assert client.options("/arms").headers["allow"] == "GET, POST"
-        assert client.request("PATCH", "/admin/pin").headers["allow"] == "DELETE, GET, PUT"
+        assert client.options("/v1/arms").headers["allow"] == "GET, POST"
+        assert client.request("PATCH", "/v1/admin/pin").headers["allow"] == "DELETE, GET, PUT"
         # A body that is not UTF-8 (Latin-1 "été") is a 400 (now documented), never a 5xx.
-        for path in ("/select", "/reward", "/arms"):
+        for path in ("/v1/select", "/v1/reward", "/v1/arms"):
             response = client.post(path, content=b"\xe9t\xe9", headers=json_type)
             assert response.status_code == 400, response.text
-        response = client.put("/admin/pin", content=b"\xe9t\xe9", headers=json_type)
+        response = client.put("/v1/admin/pin", content=b"\xe9t\xe9", headers=json_type)
         assert response.status_code == 400, response.text
     paths = httpx.get(f"{server.base_url}/openapi.json").json()["paths"]
     for path, method, codes in [
-        ("/select", "post", {"400", "401", "422"}),
-        ("/reward", "post", {"400", "401", "404", "409", "422"}),
-        ("/arms", "get", {"401"}),
-        ("/arms", "post", {"400", "401", "403", "409", "422"}),
-        ("/model", "get", {"401"}),
-        ("/model/checkpoints", "get", {"401"}),
-        ("/admin/pin", "get", {"401", "403"}),
-        ("/admin/pin", "put", {"400", "401", "403", "404", "422"}),
-        ("/admin/pin", "delete", {"401", "403"}),
+        ("/v1/select", "post", {"400", "401", "422"}),
+        ("/v1/reward", "post", {"400", "401", "404", "409", "422"}),
+        ("/v1/arms", "get", {"401"}),
+        ("/v1/arms", "post", {"400", "401", "403", "409", "422"}),
+        ("/v1/model", "get", {"401"}),
+        ("/v1/model/checkpoints", "get", {"401"}),
+        ("/v1/admin/pin", "get", {"401", "403"}),
+        ("/v1/admin/pin", "put", {"400", "401", "403", "404", "422"}),
+        ("/v1/admin/pin", "delete", {"401", "403"}),
     ]:
         assert codes <= set(paths[path][method]["responses"]), (path, method)
     assert State.read(server.database) == before
@@ -418,17 +420,17 @@ def test_fuzz_with_the_client_key(server: Server) -> None:
     run = fuzz(server, "client key", CLIENT_KEY, max(10, FUZZ_EXAMPLES // 5))
     _assert_clean(run, server)
     for operation, counts in run.statuses.items():
-        if operation.split(" ", 1)[1].startswith(ADMIN_PATHS) and operation != "GET /arms":
+        if operation.split(" ", 1)[1].startswith(ADMIN_PATHS) and operation != "GET /v1/arms":
             assert not any(200 <= s < 300 for s in counts), (operation, counts)
-    assert run.statuses["POST /select"][200] > 0
+    assert run.statuses["POST /v1/select"][200] > 0
 
 
 def test_fuzz_with_the_admin_key(server: Server) -> None:
     run = fuzz(server, "admin key", ADMIN_KEY, FUZZ_EXAMPLES)
     _assert_clean(run, server)
     # The fuzzer reached the service's logic, not only its validation.
-    assert run.statuses["POST /select"][200] > 0
-    assert run.statuses["POST /reward"][200] > 0
-    assert run.statuses["POST /arms"][201] > 0
-    assert run.statuses["DELETE /arms/{arm_id}"][200] > 0
-    assert run.statuses["PUT /admin/pin"][200] > 0
+    assert run.statuses["POST /v1/select"][200] > 0
+    assert run.statuses["POST /v1/reward"][200] > 0
+    assert run.statuses["POST /v1/arms"][201] > 0
+    assert run.statuses["DELETE /v1/arms/{arm_id}"][200] > 0
+    assert run.statuses["PUT /v1/admin/pin"][200] > 0

@@ -71,12 +71,12 @@ def _play(client: httpx.Client, problem: LinearProblem, rounds: int) -> list[boo
     optimal = []
     for _ in range(rounds):
         context = problem.context()
-        chosen = client.post("/select", json={"context": context})
+        chosen = client.post("/v1/select", json={"context": context})
         assert chosen.status_code == 200, chosen.text
         arm = chosen.json()["arm"]
         optimal.append(arm == problem.best(context))
         reward = client.post(
-            "/reward",
+            "/v1/reward",
             json={"event_id": chosen.json()["event_id"], "value": problem.reward(context, arm)},
         )
         assert reward.status_code == 200, reward.text
@@ -85,7 +85,7 @@ def _play(client: httpx.Client, problem: LinearProblem, rounds: int) -> list[boo
 
 def _wait_for_version(client: httpx.Client, version: int, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
-    while client.get("/model").json()["version"] < version:
+    while client.get("/v1/model").json()["version"] < version:
         assert time.monotonic() < deadline, f"model version {version} never arrived"
         time.sleep(0.2)
 
@@ -122,9 +122,9 @@ def test_learning_loop_improves_on_a_linear_problem(database_url, tmp_path):
             _wait_for_version(client, 1)
             for _ in range(6):  # keep the client and the trainer in step, as in production
                 _play(client, problem, 50)
-                _wait_for_version(client, client.get("/model").json()["version"] + 1)
+                _wait_for_version(client, client.get("/v1/model").json()["version"] + 1)
             late = _play(client, problem, 200)
-            version = client.get("/model").json()["version"]
+            version = client.get("/v1/model").json()["version"]
     finally:
         stop_process(trainer)
         print((tmp_path / "trainer.log").read_text()[-3000:])

@@ -214,24 +214,24 @@ def _drive(client: httpx.Client, round_no: int, statuses: dict[str, list[int]]) 
     def select(i: int) -> int:
         context = [((i * 7 + j) % 11) / 11 - 0.5 for j in range(CONTEXT_DIM)]
         body = {"context": context, "event_id": f"r{round_no}-{i}"}
-        return client.post("/select", json=body).status_code
+        return client.post("/v1/select", json=body).status_code
 
     with ThreadPoolExecutor(8) as pool:
         statuses["select"] += list(pool.map(select, range(40)))
     for i in range(30):
         body = {"event_id": f"r{round_no}-{i}", "value": float(i % 3 == 0)}
-        statuses["reward"].append(client.post("/reward", json=body).status_code)
+        statuses["reward"].append(client.post("/v1/reward", json=body).status_code)
     for i in range(3):
         body = {"event_id": f"r{round_no}-{i}", "value": float(i % 3 == 0)}
-        statuses["duplicate"].append(client.post("/reward", json=body).status_code)
+        statuses["duplicate"].append(client.post("/v1/reward", json=body).status_code)
     conflict = {"event_id": f"r{round_no}-0", "value": 5.0}
-    statuses["conflict"].append(client.post("/reward", json=conflict).status_code)
+    statuses["conflict"].append(client.post("/v1/reward", json=conflict).status_code)
     unknown = {"event_id": f"never-selected-{round_no}", "value": 1.0}
-    statuses["unknown"].append(client.post("/reward", json=unknown).status_code)
+    statuses["unknown"].append(client.post("/v1/reward", json=unknown).status_code)
     short = {"context": [0.0] * (CONTEXT_DIM - 1)}
-    statuses["bad"].append(client.post("/select", json=short).status_code)
+    statuses["bad"].append(client.post("/v1/select", json=short).status_code)
     truncated = {"content-type": "application/json"}
-    statuses["bad"].append(client.post("/reward", content=b"{", headers=truncated).status_code)
+    statuses["bad"].append(client.post("/v1/reward", content=b"{", headers=truncated).status_code)
     statuses["bad"].append(client.get("/no-such-page").status_code)
 
 
@@ -301,7 +301,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 time.sleep(1.2)  # the reward window closes; the trainer's next run takes it
                 _wait(
                     f"the API serves model {version} from the trainer",
-                    lambda v=version: client.get("/model").json()["version"] >= v,
+                    lambda v=version: client.get("/v1/model").json()["version"] >= v,
                     processes,
                 )
             _wait(

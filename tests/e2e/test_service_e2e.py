@@ -51,10 +51,10 @@ async def test_service_answers_200_concurrent_selects(served):
     base_url, database = served
     limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
     async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=60) as client:
-        assert (await client.get("/model")).json()["version"] == 1
+        assert (await client.get("/v1/model")).json()["version"] == 1
         contexts = [[(i % 7) / 7, 1.0, -0.5, i / 200, 0.0] for i in range(200)]
         bodies = [{"context": c, "event_id": f"c-{i}"} for i, c in enumerate(contexts)]
-        responses = await asyncio.gather(*[client.post("/select", json=b) for b in bodies])
+        responses = await asyncio.gather(*[client.post("/v1/select", json=b) for b in bodies])
         metrics = (await client.get("/metrics")).text
 
     assert [r.status_code for r in responses] == [200] * 200
@@ -84,9 +84,11 @@ async def test_service_answers_200_concurrent_selects(served):
 async def test_service_reward_round_trip_is_durable(served):
     base_url, database = served
     async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
-        chosen = await client.post("/select", json={"context": [0, 1, 0, 1, 0], "event_id": "r-1"})
+        chosen = await client.post(
+            "/v1/select", json={"context": [0, 1, 0, 1, 0], "event_id": "r-1"}
+        )
         assert chosen.status_code == 200
-        reward = await client.post("/reward", json={"event_id": "r-1", "value": 3.5})
+        reward = await client.post("/v1/reward", json={"event_id": "r-1", "value": 3.5})
         assert reward.status_code == 200
         # Durable before the 2xx: another connection sees it at once.
         with sqlite3.connect(database) as db:

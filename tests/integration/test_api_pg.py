@@ -30,7 +30,9 @@ def _rows(url: str, query: str) -> list[tuple]:
 @pytest.mark.anyio
 async def test_api_select_writes_a_decision_and_reward_attaches(pg_clean):
     async with app_client(_settings(pg_clean)) as (client, _):
-        chosen = await client.post("/select", json={"context": [0.1, 0.2, 0.3], "event_id": "pg-1"})
+        chosen = await client.post(
+            "/v1/select", json={"context": [0.1, 0.2, 0.3], "event_id": "pg-1"}
+        )
         assert chosen.status_code == 200
         decision = _rows(
             pg_clean,
@@ -38,7 +40,7 @@ async def test_api_select_writes_a_decision_and_reward_attaches(pg_clean):
             "from decisions where event_id = 'pg-1'",
         )
         assert decision == [(chosen.json()["arm"], 0.25, 0, [0.1, 0.2, 0.3], "cold-start")]
-        reward = await client.post("/reward", json={"event_id": "pg-1", "value": 0.75})
+        reward = await client.post("/v1/reward", json={"event_id": "pg-1", "value": 0.75})
         assert reward.json() == {"event_id": "pg-1", "value": 0.75, "duplicate": False}
         assert _rows(pg_clean, "select event_id, value, repeats from rewards") == [
             ("pg-1", 0.75, 0)
@@ -48,9 +50,9 @@ async def test_api_select_writes_a_decision_and_reward_attaches(pg_clean):
 @pytest.mark.anyio
 async def test_api_concurrent_duplicate_rewards_do_not_double_count(pg_clean):
     async with app_client(_settings(pg_clean)) as (client, _):
-        await client.post("/select", json={"context": [1.0, 0.0, 0.0], "event_id": "pg-dup"})
+        await client.post("/v1/select", json={"context": [1.0, 0.0, 0.0], "event_id": "pg-dup"})
         posts = [
-            client.post("/reward", json={"event_id": "pg-dup", "value": 1.0}) for _ in range(24)
+            client.post("/v1/reward", json={"event_id": "pg-dup", "value": 1.0}) for _ in range(24)
         ]
         responses = await asyncio.gather(*posts)
     assert [r.status_code for r in responses] == [200] * 24
@@ -64,7 +66,7 @@ async def test_api_concurrent_duplicate_rewards_do_not_double_count(pg_clean):
 async def test_api_concurrent_same_event_id_gives_one_decision(pg_clean):
     body = {"context": [0.0, 1.0, 0.0], "event_id": "pg-same"}
     async with app_client(_settings(pg_clean)) as (client, _):
-        responses = await asyncio.gather(*[client.post("/select", json=body) for _ in range(16)])
+        responses = await asyncio.gather(*[client.post("/v1/select", json=body) for _ in range(16)])
     assert {r.status_code for r in responses} == {200}
     assert len({(r.json()["arm"], r.json()["propensity"]) for r in responses}) == 1
     assert _rows(pg_clean, "select count(*) from decisions") == [(1,)]
@@ -73,9 +75,9 @@ async def test_api_concurrent_same_event_id_gives_one_decision(pg_clean):
 @pytest.mark.anyio
 async def test_api_conflicting_concurrent_rewards_keep_one_value(pg_clean):
     async with app_client(_settings(pg_clean)) as (client, _):
-        await client.post("/select", json={"context": [1.0, 1.0, 0.0], "event_id": "pg-race"})
+        await client.post("/v1/select", json={"context": [1.0, 1.0, 0.0], "event_id": "pg-race"})
         posts = [
-            client.post("/reward", json={"event_id": "pg-race", "value": float(v)})
+            client.post("/v1/reward", json={"event_id": "pg-race", "value": float(v)})
             for v in range(8)
         ]
         responses = await asyncio.gather(*posts)
@@ -104,7 +106,7 @@ async def test_api_one_batch_of_selects_is_one_transaction(pg_clean):
     bodies += [{"context": [0.5, 0.5, 0.5], "event_id": "pg-twice"}] * 2
     async with app_client(_batched(pg_clean, len(bodies))) as (client, app):
         tx = Transactions(app.state.runtime.engine)
-        responses = await asyncio.gather(*(client.post("/select", json=b) for b in bodies))
+        responses = await asyncio.gather(*(client.post("/v1/select", json=b) for b in bodies))
     assert [r.status_code for r in responses] == [200] * 8
     assert responses[6].json() == responses[7].json()
     assert tx.decision_writes() == ["commit"]
@@ -116,13 +118,13 @@ async def test_api_one_batch_of_selects_is_one_transaction(pg_clean):
 async def test_api_batch_settles_keys_stored_by_another_replica(pg_clean, monkeypatch):
     body = {"context": [1.0, 2.0, 3.0], "event_id": "pg-raced"}
     async with app_client(_batched(pg_clean, 4)) as (client, app):
-        first = await asyncio.gather(*(client.post("/select", json=body) for _ in range(4)))
+        first = await asyncio.gather(*(client.post("/v1/select", json=body) for _ in range(4)))
         # The lookup misses, as when another replica stores the key after it ran.
         monkeypatch.setattr(repository, "find_decisions", lambda *_: {})
         tx = Transactions(app.state.runtime.engine)
         bodies = [body, {**body, "context": [0.0, 0.0, 0.0]}]
         bodies += [{"context": [float(i), 1.0, 1.0]} for i in range(2)]
-        responses = await asyncio.gather(*(client.post("/select", json=b) for b in bodies))
+        responses = await asyncio.gather(*(client.post("/v1/select", json=b) for b in bodies))
     assert {r.json()["event_id"] for r in first} == {"pg-raced"}
     assert [r.status_code for r in responses] == [200, 409, 200, 200]
     assert responses[0].json() == first[0].json()

@@ -47,14 +47,14 @@ async def test_a_retired_or_added_arm_reaches_the_other_replica_by_notice(settin
         assert _active(app_b) == {"arm-0", "arm-1", "arm-2", "arm-3"}
         await eventually(lambda: _listeners(settings) >= 2)  # both replicas subscribed
         started = time.monotonic()
-        assert (await first.delete("/arms/arm-2")).status_code == 200
+        assert (await first.delete("/v1/arms/arm-2")).status_code == 200
         await eventually(lambda: "arm-2" not in _active(app_b), timeout=5.0)
         assert time.monotonic() - started < 5.0  # the README's bound with a working bus
-        refused = await second.post("/select", json={"context": [0, 0, 1], "arms": ["arm-2"]})
+        refused = await second.post("/v1/select", json={"context": [0, 0, 1], "arms": ["arm-2"]})
         assert refused.status_code == 422
         assert "retired" in refused.json()["error"]["message"]
-        added = await first.post("/arms", json={"id": "arm-9"})
+        added = await first.post("/v1/arms", json={"id": "arm-9"})
         assert added.status_code == 201, added.text
         await eventually(lambda: "arm-9" in _active(app_b), timeout=5.0)
-        chosen = await second.post("/select", json={"context": [0, 0, 1], "arms": ["arm-9"]})
+        chosen = await second.post("/v1/select", json={"context": [0, 0, 1], "arms": ["arm-9"]})
         assert (chosen.status_code, chosen.json()["arm"]) == (200, "arm-9")

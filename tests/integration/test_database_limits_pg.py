@@ -84,15 +84,15 @@ def test_engine_without_limits_keeps_the_servers_defaults(pg_url: str) -> None:
 @pytest.mark.anyio
 async def test_api_table_lock_is_a_503_with_retry_after_then_recovers(pg_clean: str) -> None:
     async with app_client(_settings(pg_clean)) as (client, _):
-        made = await client.post("/select", json={"context": CONTEXT, "event_id": "pg-held"})
+        made = await client.post("/v1/select", json={"context": CONTEXT, "event_id": "pg-held"})
         assert made.status_code == 200
         with _table_lock(pg_clean):
-            chosen = await client.post("/select", json={"context": CONTEXT, "event_id": "pg-2"})
-            rewarded = await client.post("/reward", json={"event_id": "pg-held", "value": 1.0})
+            chosen = await client.post("/v1/select", json={"context": CONTEXT, "event_id": "pg-2"})
+            rewarded = await client.post("/v1/reward", json={"event_id": "pg-held", "value": 1.0})
             ready = await client.get("/readyz")
             metrics_text = (await client.get("/metrics")).text
-        again = await client.post("/select", json={"context": CONTEXT, "event_id": "pg-2"})
-        stored = await client.post("/reward", json={"event_id": "pg-held", "value": 1.0})
+        again = await client.post("/v1/select", json={"context": CONTEXT, "event_id": "pg-2"})
+        stored = await client.post("/v1/reward", json={"event_id": "pg-held", "value": 1.0})
         recovered = await client.get("/readyz")
     for reply in (chosen, rewarded):
         assert reply.status_code == 503, reply.text

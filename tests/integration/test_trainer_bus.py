@@ -50,10 +50,10 @@ def trainer(settings):
 async def _decide_and_reward(client, n: int, prefix: str) -> None:
     for i in range(n):
         chosen = await client.post(
-            "/select", json={"context": [i / n, 1.0, -i / n], "event_id": f"{prefix}-{i}"}
+            "/v1/select", json={"context": [i / n, 1.0, -i / n], "event_id": f"{prefix}-{i}"}
         )
         assert chosen.status_code == 200
-        await client.post("/reward", json={"event_id": f"{prefix}-{i}", "value": i / n})
+        await client.post("/v1/reward", json={"event_id": f"{prefix}-{i}", "value": i / n})
 
 
 def _served(app) -> int:
@@ -96,7 +96,7 @@ async def test_two_replicas_swap_to_the_new_version(settings, trainer):
         await _decide_and_reward(first, 10, "c")
         run.run_once()
         await eventually(lambda: (_served(app_a), _served(app_b)) == (2, 2))
-        chosen = (await first.post("/select", json={"context": [0, 0, 1]})).json()
+        chosen = (await first.post("/v1/select", json={"context": [0, 0, 1]})).json()
         assert (chosen["policy"], chosen["model_version"]) == ("rofu", 2)
 
 
@@ -114,7 +114,7 @@ async def test_a_corrupted_checkpoint_is_refused_and_the_old_one_served(settings
         bus.publish(2, bytes(corrupted))  # only on the bus: no durable copy to fall back to
         await eventually(lambda: rejected._value.get() >= 1)
         assert _served(app) == 1
-        reply = await client.post("/select", json={"context": [1, 2, 3]})
+        reply = await client.post("/v1/select", json={"context": [1, 2, 3]})
         assert (reply.status_code, reply.json()["model_version"]) == (200, 1)
         metrics = (await client.get("/metrics")).text
         line = next(
@@ -159,15 +159,15 @@ async def test_pin_rolls_every_replica_back_and_unpin_restores(settings, trainer
             run.run_once()
         await eventually(lambda: (_served(app_a), _served(app_b)) == (3, 3))
 
-        pinned = await client.put("/admin/pin", json={"version": 1})
+        pinned = await client.put("/v1/admin/pin", json={"version": 1})
         assert pinned.json() == {"pinned": 1, "serving": 1}
         await eventually(lambda: _served(app_b) == 1)
         await _decide_and_reward(client, 6, "j")
         run.run_once()  # a new version while pinned is stored but not served
         assert (_served(app_a), _served(app_b)) == (1, 1)
-        assert (await client.put("/admin/pin", json={"version": 99})).status_code == 404
+        assert (await client.put("/v1/admin/pin", json={"version": 99})).status_code == 404
 
-        unpinned = await client.delete("/admin/pin")
+        unpinned = await client.delete("/v1/admin/pin")
         assert unpinned.json() == {"pinned": None, "serving": 4}
         await eventually(lambda: _served(app_b) == 4)
 

@@ -144,7 +144,7 @@ async def test_replica_keeps_serving_when_redis_drops_and_reconnects(pg_clean):
             await eventually(lambda: served() is not None and served().version == 1)
 
             stop_redis()
-            reply = await client.post("/select", json={"context": [0.5, 0.5, 0.5]})
+            reply = await client.post("/v1/select", json={"context": [0.5, 0.5, 0.5]})
             assert (reply.status_code, reply.json()["model_version"]) == (200, 1)
             assert (await client.get("/readyz")).status_code == 200
             _log_decisions(sessions, "r2", 10)

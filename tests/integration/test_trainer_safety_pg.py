@@ -71,15 +71,15 @@ async def test_a_corrupt_newest_checkpoint_is_quarantined_and_training_goes_on(s
         assert (row.version, load_checkpoint(blob).extra["parent_version"]) == (3, "1")
         await eventually(lambda: _served(app) == 3)
 
-        refused = await client.put("/admin/pin", json={"version": 2})
+        refused = await client.put("/v1/admin/pin", json={"version": 2})
         assert refused.status_code == 409
         assert "quarantined" in refused.json()["error"]["message"]
-        pinned = await client.put("/admin/pin", json={"version": 1})
+        pinned = await client.put("/v1/admin/pin", json={"version": 1})
         assert pinned.json() == {"pinned": 1, "serving": 1}
         fourth = trainer.run_once()  # v2's released decisions, while pinned
         assert (fourth.version, fourth.consumed) == (4, 10)
         assert trainer.run_once() is None
-        unpinned = await client.delete("/admin/pin")
+        unpinned = await client.delete("/v1/admin/pin")
         assert unpinned.json() == {"pinned": None, "serving": 4}
 
     assert metrics.checkpoints_quarantined._value.get() == 1  # found once, never retried

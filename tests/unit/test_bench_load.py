@@ -19,7 +19,7 @@ rofu_select_batch_size_bucket{le="1.0"} 3.0
 rofu_select_batch_size_bucket{le="+Inf"} 7.0
 rofu_select_batch_size_count 7.0
 rofu_select_batch_size_sum 40.0
-rofu_http_requests_total{endpoint="/select",method="POST",status="200"} 12.0
+rofu_http_requests_total{endpoint="/v1/select",method="POST",status="200"} 12.0
 rofu_model_version 1.0
 """
 
@@ -44,7 +44,9 @@ def test_parse_metrics_reads_samples_and_skips_comments() -> None:
     assert samples["rofu_select_batch_size_count"] == 7.0
     assert samples["rofu_select_batch_size_sum"] == 40.0
     assert samples['rofu_select_batch_size_bucket{le="+Inf"}'] == 7.0
-    assert samples['rofu_http_requests_total{endpoint="/select",method="POST",status="200"}'] == 12
+    assert (
+        samples['rofu_http_requests_total{endpoint="/v1/select",method="POST",status="200"}'] == 12
+    )
     assert not any(key.startswith("#") for key in samples)
 
 

@@ -178,16 +178,16 @@ async def test_service_locked_sqlite_is_a_503_with_retry_after_then_recovers(
 ) -> None:
     settings = sqlite_settings.model_copy(update={"sqlite_busy_timeout_ms": 100})
     async with app_client(settings) as (client, _):
-        made = await client.post("/select", json={"context": CONTEXT, "event_id": "before"})
+        made = await client.post("/v1/select", json={"context": CONTEXT, "event_id": "before"})
         assert made.status_code == 200
         with _write_lock(tmp_path / "rofu.sqlite"):
-            chosen = await client.post("/select", json={"context": CONTEXT, "event_id": "e"})
-            rewarded = await client.post("/reward", json={"event_id": "before", "value": 1.0})
+            chosen = await client.post("/v1/select", json={"context": CONTEXT, "event_id": "e"})
+            rewarded = await client.post("/v1/reward", json={"event_id": "before", "value": 1.0})
             ready = await client.get("/readyz")
         errors = _database_errors((await client.get("/metrics")).text)
         assert (await client.get("/readyz")).status_code == 200
-        again = await client.post("/select", json={"context": CONTEXT, "event_id": "e"})
-        stored = await client.post("/reward", json={"event_id": "before", "value": 1.0})
+        again = await client.post("/v1/select", json={"context": CONTEXT, "event_id": "e"})
+        stored = await client.post("/v1/reward", json={"event_id": "before", "value": 1.0})
     _unavailable(chosen, "lock_timeout")
     _unavailable(rewarded, "lock_timeout")
     assert ready.status_code == 503
@@ -197,7 +197,7 @@ async def test_service_locked_sqlite_is_a_503_with_retry_after_then_recovers(
         "model": "cold-start",
     }
     assert errors["lock_timeout"] >= 3  # the two requests and the probe
-    assert "database lock_timeout on POST /select" in caplog.text
+    assert "database lock_timeout on POST /v1/select" in caplog.text
     assert (again.status_code, stored.json()["duplicate"]) == (200, False)
 
 
@@ -205,7 +205,7 @@ async def test_service_locked_sqlite_is_a_503_with_retry_after_then_recovers(
 async def test_service_exhausted_pool_is_a_503_not_a_500(sqlite_settings: Settings) -> None:
     settings = sqlite_settings.model_copy(update={"db_pool_timeout_seconds": 0.1})
     async with app_client(settings) as (client, app):
-        made = await client.post("/select", json={"context": CONTEXT, "event_id": "held"})
+        made = await client.post("/v1/select", json={"context": CONTEXT, "event_id": "held"})
         assert made.status_code == 200
         engine, held = _runtime(app).engine, []
         try:
@@ -214,13 +214,13 @@ async def test_service_exhausted_pool_is_a_503_not_a_500(sqlite_settings: Settin
         except sa_exc.TimeoutError:
             pass
         try:
-            rewarded = await client.post("/reward", json={"event_id": "held", "value": 1.0})
-            chosen = await client.post("/select", json={"context": CONTEXT})
+            rewarded = await client.post("/v1/reward", json={"event_id": "held", "value": 1.0})
+            chosen = await client.post("/v1/select", json={"context": CONTEXT})
         finally:
             for connection in held:
                 connection.close()
         errors = _database_errors((await client.get("/metrics")).text)
-        after = await client.post("/reward", json={"event_id": "held", "value": 1.0})
+        after = await client.post("/v1/reward", json={"event_id": "held", "value": 1.0})
     assert set(errors) == set(faults.CAUSES)  # exported from the start
     assert 0 < len(held) < 100
     _unavailable(rewarded, "pool_timeout")
@@ -239,7 +239,7 @@ async def test_service_full_sqlite_is_a_503_and_not_ready_until_it_has_room(
         ready = await client.get("/readyz")
         statuses = []
         for i in range(200):  # until the pages' free space is used up
-            reply = await client.post("/select", json={"context": CONTEXT, "event_id": f"f{i}"})
+            reply = await client.post("/v1/select", json={"context": CONTEXT, "event_id": f"f{i}"})
             statuses.append(reply.status_code)
             if reply.status_code == 503:
                 _unavailable(reply, "disk_full")
@@ -247,7 +247,7 @@ async def test_service_full_sqlite_is_a_503_and_not_ready_until_it_has_room(
         errors = _database_errors((await client.get("/metrics")).text)
         pragmas.values["max_page_count"] = UNLIMITED_PAGES
         recovered = await client.get("/readyz")
-        after = await client.post("/select", json={"context": CONTEXT, "event_id": "f-last"})
+        after = await client.post("/v1/select", json={"context": CONTEXT, "event_id": "f-last"})
     assert ready.status_code == 503
     assert ready.json()["checks"]["database"] == "not writable"
     assert ready.json()["checks"]["database_cause"] == "disk_full"
@@ -263,13 +263,13 @@ async def test_service_read_only_sqlite_is_not_ready_and_writes_are_503(
     sqlite_settings: Settings,
 ) -> None:
     async with app_client(sqlite_settings) as (client, app):
-        made = await client.post("/select", json={"context": CONTEXT, "event_id": "ro"})
+        made = await client.post("/v1/select", json={"context": CONTEXT, "event_id": "ro"})
         pragmas = Pragmas(_runtime(app).engine)
         pragmas.values["query_only"] = 1
         ready = await client.get("/readyz")
-        chosen = await client.post("/select", json={"context": CONTEXT})
-        rewarded = await client.post("/reward", json={"event_id": "ro", "value": 0.5})
-        replayed = await client.post("/select", json={"context": CONTEXT, "event_id": "ro"})
+        chosen = await client.post("/v1/select", json={"context": CONTEXT})
+        rewarded = await client.post("/v1/reward", json={"event_id": "ro", "value": 0.5})
+        replayed = await client.post("/v1/select", json={"context": CONTEXT, "event_id": "ro"})
         pragmas.values["query_only"] = 0
         recovered = await client.get("/readyz")
     assert made.status_code == 200
@@ -294,11 +294,11 @@ async def test_service_raw_database_outage_is_a_503_and_a_database_bug_a_500(
     body = {"event_id": "any", "value": 1.0}
     async with app_client(sqlite_settings) as (client, _):
         raised.append(_postgres_error(pg.AdminShutdown, sa_exc.OperationalError))
-        outage = await client.post("/reward", json=body)
+        outage = await client.post("/v1/reward", json=body)
         raised.append(_postgres_error(pg.UndefinedTable, sa_exc.ProgrammingError))
-        bug = await client.post("/reward", json=body)
+        bug = await client.post("/v1/reward", json=body)
     _unavailable(outage, "connection")
-    assert "database connection on POST /reward: AdminShutdown: boom" in caplog.text
+    assert "database connection on POST /v1/reward: AdminShutdown: boom" in caplog.text
     assert bug.status_code == 500
     assert bug.json()["error"]["code"] == "internal_error"
 

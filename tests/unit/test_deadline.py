@@ -32,13 +32,13 @@ async def test_a_hung_database_gives_a_503_at_the_deadline_and_the_retry_finds_t
         return batch(self, items)
 
     async with app_client(settings) as (client, app):
-        chosen = await client.post("/select", json={"context": [0.1, 0.2, 0.3, 0.4]})
+        chosen = await client.post("/v1/select", json={"context": [0.1, 0.2, 0.3, 0.4]})
         event_id = chosen.json()["event_id"]
         monkeypatch.setattr(repository, "attach_reward", frozen_attach)
         monkeypatch.setattr(decision_batch.DecisionBatch, "__call__", frozen_batch)
         for path, body in (
-            ("/reward", {"event_id": event_id, "value": 1.0}),
-            ("/select", {"context": [0.1, 0.2, 0.3, 0.4], "event_id": "frozen-1"}),
+            ("/v1/reward", {"event_id": event_id, "value": 1.0}),
+            ("/v1/select", {"context": [0.1, 0.2, 0.3, 0.4], "event_id": "frozen-1"}),
         ):
             started = time.monotonic()
             stalled = await client.post(path, json=body)
@@ -49,10 +49,10 @@ async def test_a_hung_database_gives_a_503_at_the_deadline_and_the_retry_finds_t
         release.set()  # the server resumes: the work it held finishes
         monkeypatch.undo()
         await _eventually(lambda: _rewards(app) == 1)  # the held write landed, once
-        retried = await client.post("/reward", json={"event_id": event_id, "value": 1.0})
+        retried = await client.post("/v1/reward", json={"event_id": event_id, "value": 1.0})
         assert retried.json()["duplicate"] is True  # stored once, by the first attempt
         again = await client.post(
-            "/select", json={"context": [0.1, 0.2, 0.3, 0.4], "event_id": "frozen-1"}
+            "/v1/select", json={"context": [0.1, 0.2, 0.3, 0.4], "event_id": "frozen-1"}
         )
         assert again.status_code == 200
 

@@ -250,7 +250,7 @@ async def test_service_concurrent_selects_in_one_batch_share_one_commit(
         bodies = [{"context": [float(i), 0.0, 0.0, 0.0]} for i in range(4)]
         bodies += [{"context": [1.0, 1.0, 1.0, 1.0], "event_id": "twice"}] * 2
         with anyio.fail_after(30):
-            answers = await asyncio.gather(*(client.post("/select", json=b) for b in bodies))
+            answers = await asyncio.gather(*(client.post("/v1/select", json=b) for b in bodies))
         metrics = (await client.get("/metrics")).text
         assert [a.status_code for a in answers] == [200] * 6
     assert answers[4].json() == answers[5].json()
@@ -278,7 +278,7 @@ async def test_service_select_takes_no_thread_pool_hop(
         monkeypatch.setattr(anyio.to_thread, "run_sync", counting)
         keyed = {"context": [0.0] * 4, "event_id": "hop"}
         for body in ({"context": [0.0] * 4}, keyed, keyed):  # new, new with a key, replay
-            assert (await client.post("/select", json=body)).status_code == 200
+            assert (await client.post("/v1/select", json=body)).status_code == 200
     assert hops == []
 
 
@@ -291,7 +291,7 @@ async def test_service_select_is_503_when_the_write_fails(
 
     async with app_client(sqlite_settings) as (client, _):
         monkeypatch.setattr(repository, "insert_decisions", down)
-        response = await client.post("/select", json={"context": [0.0] * 4})
+        response = await client.post("/v1/select", json={"context": [0.0] * 4})
     assert response.status_code == 503
     assert response.headers["retry-after"].isdigit()
     assert response.json()["error"]["code"] == "unavailable"

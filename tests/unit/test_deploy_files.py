@@ -833,7 +833,7 @@ def test_alert_rules_cover_the_failure_modes(exported: dict[str, frozenset[str]]
         return [name for name, expr in exprs.items() if all(n in expr for n in needles)]
 
     assert alerts_on("rofu_http_requests_total", 'status=~"5..')
-    assert alerts_on("histogram_quantile(0.99", "_bucket", 'endpoint="/select"')
+    assert alerts_on("histogram_quantile(0.99", "_bucket", 'endpoint="/v1/select"')
     assert alerts_on("rofu_checkpoint_age_seconds")
     assert alerts_on("rofu_trainer_failures_total")
     assert alerts_on("rofu_trainer_publish_failures_total")
@@ -1006,7 +1006,16 @@ def test_dockerfile_final_stage_is_slim_and_non_root(target: str) -> None:
     copied = {
         a.split()[-2].rstrip("/") for k, a in stage if k == "COPY" and not a.startswith("--from=")
     }
-    app = {"models", "service", "replay", "benchmarks", "migrations", "alembic.ini", "config"}
+    app = {
+        "rofu",
+        "models",
+        "service",
+        "replay",
+        "benchmarks",
+        "migrations",
+        "alembic.ini",
+        "config",
+    }
     assert copied == app, "the final image holds the venv and the app code only"
     commands = dict(stage)
     assert json.loads(commands["ENTRYPOINT"]) == ["rofu"]

@@ -49,7 +49,7 @@ async def test_service_select_after_shutdown_is_a_503_with_retry_after(
 ) -> None:
     async with app_client(sqlite_settings) as (client, app):
         await app.state.runtime.batcher.aclose()
-        response = await client.post("/select", json={"context": [0.0, 0.0, 0.0, 0.0]})
+        response = await client.post("/v1/select", json={"context": [0.0, 0.0, 0.0, 0.0]})
     assert (response.status_code, response.headers["retry-after"]) == (503, "1")
     assert _body(response) == {"error": SHUTTING_DOWN}
 
@@ -66,8 +66,8 @@ async def test_service_body_over_the_limit_is_the_payload_too_large_error(
             yield b"x" * 100
 
     async with app_client(settings) as (client, _):
-        declared = await client.post("/select", content=b"x" * 300)
-        streamed = await client.post("/reward", content=chunks())
+        declared = await client.post("/v1/select", content=b"x" * 300)
+        streamed = await client.post("/v1/reward", content=chunks())
     for response in (declared, streamed):
         assert response.status_code == 413
         assert _body(response) == json.loads(want.body)

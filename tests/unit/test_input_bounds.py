@@ -32,17 +32,21 @@ def _count(app, table: str) -> int:
 async def test_api_refuses_features_and_rewards_beyond_the_bounds(sqlite_settings):
     settings = sqlite_settings.model_copy(update={"max_abs_feature": 100.0, "max_abs_reward": 10.0})
     async with app_client(settings) as (client, app):
-        far = await client.post("/select", json={"context": [1.0, 2.0, -250.0, 0.0]})
+        far = await client.post("/v1/select", json={"context": [1.0, 2.0, -250.0, 0.0]})
         assert far.status_code == 422
         assert far.json()["error"]["field"] == "context.2"
         assert "ROFU_MAX_ABS_FEATURE" in far.json()["error"]["message"]
         assert _count(app, "decisions") == 0
-        ok = await client.post("/select", json={"context": [1.0, 2.0, -100.0, 0.0]})
+        ok = await client.post("/v1/select", json={"context": [1.0, 2.0, -100.0, 0.0]})
         assert ok.status_code == 200
-        big = await client.post("/reward", json={"event_id": ok.json()["event_id"], "value": 1e9})
+        big = await client.post(
+            "/v1/reward", json={"event_id": ok.json()["event_id"], "value": 1e9}
+        )
         assert (big.status_code, big.json()["error"]["field"]) == (422, "value")
         assert _count(app, "rewards") == 0
-        fine = await client.post("/reward", json={"event_id": ok.json()["event_id"], "value": -10})
+        fine = await client.post(
+            "/v1/reward", json={"event_id": ok.json()["event_id"], "value": -10}
+        )
         assert fine.status_code == 200
 
 
@@ -82,8 +86,8 @@ async def test_trainer_never_publishes_a_diverged_model(sqlite_settings, monkeyp
     monkeypatch.setattr(trainer_module, "fit", diverge)
     async with app_client(sqlite_settings) as (client, app):
         runtime = app.state.runtime
-        chosen = await client.post("/select", json={"context": [0.1, 0.2, 0.3, 0.4]})
-        await client.post("/reward", json={"event_id": chosen.json()["event_id"], "value": 1.0})
+        chosen = await client.post("/v1/select", json={"context": [0.1, 0.2, 0.3, 0.4]})
+        await client.post("/v1/reward", json={"event_id": chosen.json()["event_id"], "value": 1.0})
         trainer = Trainer(sqlite_settings, runtime.sessions, runtime.store, runtime.local_bus)
         with pytest.raises(RuntimeError, match="diverged"):
             trainer.run_once()
@@ -111,7 +115,7 @@ async def test_every_accepted_context_is_scored_clamped_into_the_networks_range(
     seed_checkpoint(settings, n_rows=50)
     async with app_client(settings) as (client, app):
         for value in (1e6, -1e6, 1e30):
-            far = await client.post("/select", json={"context": [value, 0.1, -value, 0.4]})
+            far = await client.post("/v1/select", json={"context": [value, 0.1, -value, 0.4]})
             assert far.status_code == 200, far.text
             assert far.json()["policy"] == "rofu"
             assert all(math.isfinite(s["ucb"]) for s in far.json()["scores"])
@@ -131,7 +135,7 @@ async def test_scores_that_overflow_are_refused_not_chosen(sqlite_settings):
     NaNs once picked a non-candidate arm), and nothing is logged."""
     seed_checkpoint(sqlite_settings, n_rows=50, weight_scale=1e20)
     async with app_client(sqlite_settings) as (client, app):
-        huge = await client.post("/select", json={"context": [0.1, 0.2, 0.3, 0.4]})
+        huge = await client.post("/v1/select", json={"context": [0.1, 0.2, 0.3, 0.4]})
         assert huge.status_code == 422
         assert "not finite" in huge.json()["error"]["message"]
         assert _count(app, "decisions") == 0

@@ -81,20 +81,20 @@ def test_keyring_warns_when_the_service_runs_open(sqlite_settings, caplog):
 @pytest.mark.anyio
 async def test_api_requires_a_client_key_and_writes_nothing_without_one(keyed):
     async with app_client(keyed) as (client, app):
-        missing = await client.post("/select", json=BODY)
-        wrong = await client.post("/select", json=BODY, headers=_bearer("wrong-key-123456789"))
+        missing = await client.post("/v1/select", json=BODY)
+        wrong = await client.post("/v1/select", json=BODY, headers=_bearer("wrong-key-123456789"))
         assert (missing.status_code, wrong.status_code) == (401, 401)
         assert missing.headers["www-authenticate"] == "Bearer"
         assert missing.json()["error"]["code"] == "unauthorized"
         with app.state.runtime.engine.connect() as connection:
             assert connection.execute(text("select count(*) from decisions")).scalar_one() == 0
-        ok = await client.post("/select", json=BODY, headers=_bearer(CLIENT))
-        by_header = await client.post("/select", json=BODY, headers={"X-API-Key": ADMIN})
+        ok = await client.post("/v1/select", json=BODY, headers=_bearer(CLIENT))
+        by_header = await client.post("/v1/select", json=BODY, headers={"X-API-Key": ADMIN})
         assert (ok.status_code, by_header.status_code) == (200, 200)
         reward = {"event_id": ok.json()["event_id"], "value": 1.0}
-        assert (await client.post("/reward", json=reward)).status_code == 401
+        assert (await client.post("/v1/reward", json=reward)).status_code == 401
         assert (
-            await client.post("/reward", json=reward, headers=_bearer(CLIENT))
+            await client.post("/v1/reward", json=reward, headers=_bearer(CLIENT))
         ).status_code == 200
 
 
@@ -102,14 +102,14 @@ async def test_api_requires_a_client_key_and_writes_nothing_without_one(keyed):
 async def test_api_admin_endpoints_need_an_admin_key(keyed):
     async with app_client(keyed) as (client, _):
         arm = {"id": "new-arm"}
-        assert (await client.post("/arms", json=arm, headers=_bearer(CLIENT))).status_code == 403
-        assert (await client.get("/admin/pin", headers=_bearer(CLIENT))).status_code == 403
-        assert (await client.get("/arms", headers=_bearer(CLIENT))).status_code == 200
-        assert (await client.get("/model", headers=_bearer(CLIENT))).status_code == 200
-        assert (await client.get("/model")).status_code == 401
-        assert (await client.post("/arms", json=arm, headers=_bearer(ADMIN))).status_code == 201
-        assert (await client.delete("/arms/new-arm", headers=_bearer(ADMIN))).status_code == 200
-        assert (await client.get("/admin/pin", headers=_bearer(ADMIN))).status_code == 200
+        assert (await client.post("/v1/arms", json=arm, headers=_bearer(CLIENT))).status_code == 403
+        assert (await client.get("/v1/admin/pin", headers=_bearer(CLIENT))).status_code == 403
+        assert (await client.get("/v1/arms", headers=_bearer(CLIENT))).status_code == 200
+        assert (await client.get("/v1/model", headers=_bearer(CLIENT))).status_code == 200
+        assert (await client.get("/v1/model")).status_code == 401
+        assert (await client.post("/v1/arms", json=arm, headers=_bearer(ADMIN))).status_code == 201
+        assert (await client.delete("/v1/arms/new-arm", headers=_bearer(ADMIN))).status_code == 200
+        assert (await client.get("/v1/admin/pin", headers=_bearer(ADMIN))).status_code == 200
 
 
 @pytest.mark.anyio
@@ -124,8 +124,8 @@ async def test_api_never_echoes_or_logs_a_key(keyed, caplog):
     secret = "presented-secret-key-99999"
     with caplog.at_level(logging.DEBUG):
         async with app_client(keyed) as (client, _):
-            bad = await client.post("/select", json=BODY, headers=_bearer(secret))
-            good = await client.post("/select", json=BODY, headers=_bearer(CLIENT))
+            bad = await client.post("/v1/select", json=BODY, headers=_bearer(secret))
+            good = await client.post("/v1/select", json=BODY, headers=_bearer(CLIENT))
     assert bad.status_code == 401
     assert secret not in bad.text
     assert CLIENT not in good.text
@@ -146,8 +146,10 @@ async def test_docs_need_a_key_or_are_off(keyed, docs):
         else:
             assert anonymous.status_code == 401
             assert keyed_call.status_code == 200
-            assert "/select" in keyed_call.json()["paths"]
-        assert (await client.post("/select", json=BODY, headers=_bearer(CLIENT))).status_code == 200
+            assert "/v1/select" in keyed_call.json()["paths"]
+        assert (
+            await client.post("/v1/select", json=BODY, headers=_bearer(CLIENT))
+        ).status_code == 200
 
 
 @pytest.mark.anyio

@@ -58,7 +58,7 @@ def _count(app: FastAPI, table: str) -> int:
 
 async def _select(client: httpx.AsyncClient, **body: Any) -> dict[str, Any]:
     body.setdefault("context", CONTEXT)
-    response = await client.post("/select", json=body)
+    response = await client.post("/v1/select", json=body)
     assert response.status_code == 200, response.text
     decision: dict[str, Any] = response.json()
     return decision
@@ -94,7 +94,7 @@ async def _with_checkpoint(client: httpx.AsyncClient, app: FastAPI) -> TrainRepo
         decision = await _select(client, context=[rng.uniform(-1, 1) for _ in range(4)])
         value = 1.0 if decision["arm"] == "arm-1" else 0.0
         response = await client.post(
-            "/reward", json={"event_id": decision["event_id"], "value": value}
+            "/v1/reward", json={"event_id": decision["event_id"], "value": value}
         )
         assert response.status_code == 200, response.text
     report = await _train(app)
@@ -192,7 +192,7 @@ async def test_service_select_same_event_id_different_request_is_409(
     client, app = service
     first = await _select(client, event_id="order-2")
     response = await client.post(
-        "/select", json={"context": CONTEXT, "event_id": "order-2", **change}
+        "/v1/select", json={"context": CONTEXT, "event_id": "order-2", **change}
     )
     error = _error(response, 409, "event_id")
     assert error["code"] == "conflict"
@@ -254,15 +254,15 @@ async def test_service_reward_is_accepted_once_then_duplicate(service: Service) 
     client, app = service
     decision = await _select(client, event_id="rewarded-1")
     body = {"event_id": "rewarded-1", "value": 1.5}
-    first = await client.post("/reward", json=body)
+    first = await client.post("/v1/reward", json=body)
     assert first.status_code == 200, first.text
     assert first.json() == {"event_id": "rewarded-1", "value": 1.5, "duplicate": False}
-    again = await client.post("/reward", json=body)
+    again = await client.post("/v1/reward", json=body)
     assert again.status_code == 200, again.text
     assert again.json() == {"event_id": "rewarded-1", "value": 1.5, "duplicate": True}
     assert _count(app, "rewards") == 1
     assert decision["event_id"] == "rewarded-1"
-    conflict = await client.post("/reward", json={"event_id": "rewarded-1", "value": 0.0})
+    conflict = await client.post("/v1/reward", json={"event_id": "rewarded-1", "value": 0.0})
     assert _error(conflict, 409, "value")["code"] == "conflict"
     with _runtime(app).engine.connect() as connection:
         value, repeats = connection.execute(text("select value, repeats from rewards")).one()
@@ -272,7 +272,7 @@ async def test_service_reward_is_accepted_once_then_duplicate(service: Service) 
 @pytest.mark.anyio
 async def test_service_reward_for_unknown_event_is_404(service: Service) -> None:
     client, app = service
-    response = await client.post("/reward", json={"event_id": "never-made", "value": 1.0})
+    response = await client.post("/v1/reward", json={"event_id": "never-made", "value": 1.0})
     error = _error(response, 404, "event_id")
     assert error["code"] == "not_found"
     assert "never-made" in error["message"]
@@ -300,7 +300,7 @@ async def test_service_select_uses_rofu_after_a_checkpoint(service: Service) -> 
         best = max(scores.values(), key=lambda s: s["ucb"])
         assert decision["arm"] == best["arm"]
         assert decision["propensity"] == 1.0
-    model = (await client.get("/model")).json()
+    model = (await client.get("/v1/model")).json()
     assert model["version"] == report.version
     assert model["n_data"] == 24
     assert model["checksum"]
@@ -371,11 +371,11 @@ async def test_service_select_replays_a_scored_decision_exactly(service: Service
     client, app = service
     await _with_checkpoint(client, app)
     first = await _select(client, event_id="scored-1")
-    rewarded = await client.post("/reward", json={"event_id": "scored-1", "value": 1.0})
+    rewarded = await client.post("/v1/reward", json={"event_id": "scored-1", "value": 1.0})
     assert rewarded.status_code == 200, rewarded.text
     newer = await _train(app)  # trains on scored-1 and serves a newer checkpoint
     assert newer.version == first["model_version"] + 1
-    assert (await client.get("/model")).json()["version"] == newer.version
+    assert (await client.get("/v1/model")).json()["version"] == newer.version
     assert await _select(client, event_id="scored-1") == first
 
 
@@ -386,7 +386,7 @@ async def test_service_select_replays_a_scored_decision_exactly(service: Service
 async def test_service_added_arm_is_selectable_at_once(service: Service) -> None:
     client, app = service
     await _with_checkpoint(client, app)
-    response = await client.post("/arms", json={"id": "arm-new"})
+    response = await client.post("/v1/arms", json={"id": "arm-new"})
     assert response.status_code == 201, response.text
     assert response.json() == {"id": "arm-new", "slot": 4, "features": None, "active": True}
     decision = await _select(client)
@@ -396,16 +396,16 @@ async def test_service_added_arm_is_selectable_at_once(service: Service) -> None
     alone = await _select(client, arms=["arm-new"])
     assert alone["arm"] == "arm-new"
     assert alone["propensity"] == 1.0
-    listed = (await client.get("/arms")).json()
+    listed = (await client.get("/v1/arms")).json()
     assert [arm["id"] for arm in listed] == [*ARMS, "arm-new"]
 
 
 @pytest.mark.anyio
 async def test_service_add_arm_twice_is_409(service: Service) -> None:
     client, app = service
-    assert (await client.post("/arms", json={"id": "arm-x"})).status_code == 201
+    assert (await client.post("/v1/arms", json={"id": "arm-x"})).status_code == 201
     for arm_id in ("arm-x", "arm-0"):
-        response = await client.post("/arms", json={"id": arm_id})
+        response = await client.post("/v1/arms", json={"id": arm_id})
         error = _error(response, 409, "id", named=False)
         assert error["code"] == "conflict"
         assert arm_id in error["message"]
@@ -416,7 +416,7 @@ async def test_service_add_arm_twice_is_409(service: Service) -> None:
 async def test_service_full_catalogue_refuses_a_new_arm(sqlite_settings: Settings) -> None:
     settings = sqlite_settings.model_copy(update={"max_arms": 4})  # the 4 demo arms fill it
     async with app_client(settings) as (client, app):
-        response = await client.post("/arms", json={"id": "arm-4"})
+        response = await client.post("/v1/arms", json={"id": "arm-4"})
         error = _error(response, 409, "id", named=False)
         assert "max_arms=4" in error["message"]
         assert _count(app, "arms") == 4
@@ -425,7 +425,7 @@ async def test_service_full_catalogue_refuses_a_new_arm(sqlite_settings: Setting
 @pytest.mark.anyio
 async def test_service_retired_arm_is_never_selected(service: Service) -> None:
     client, app = service
-    response = await client.delete("/arms/arm-2")
+    response = await client.delete("/v1/arms/arm-2")
     assert response.status_code == 200, response.text
     assert response.json()["active"] is False
     decisions = [await _select(client) for _ in range(40)]
@@ -433,9 +433,9 @@ async def test_service_retired_arm_is_never_selected(service: Service) -> None:
     assert all("arm-2" not in [s["arm"] for s in d["scores"]] for d in decisions)
     assert all(d["propensity"] == pytest.approx(1 / 3) for d in decisions)
     for arms in (["arm-2"], ["arm-1", "arm-2"]):
-        refused = await client.post("/select", json={"context": CONTEXT, "arms": arms})
+        refused = await client.post("/v1/select", json={"context": CONTEXT, "arms": arms})
         assert "retired" in _error(refused, 422, "arms")["message"]
-    assert (await client.delete("/arms/arm-2")).status_code == 200  # retiring again: no-op
+    assert (await client.delete("/v1/arms/arm-2")).status_code == 200  # retiring again: no-op
     assert _count(app, "decisions") == 40
 
 
@@ -443,7 +443,7 @@ async def test_service_retired_arm_is_never_selected(service: Service) -> None:
 async def test_service_retired_arm_is_never_selected_by_rofu(service: Service) -> None:
     client, app = service
     await _with_checkpoint(client, app)
-    assert (await client.delete("/arms/arm-1")).status_code == 200  # the paying arm
+    assert (await client.delete("/v1/arms/arm-1")).status_code == 200  # the paying arm
     decisions = [await _select(client, context=[0.1 * i, 0, 0, 0]) for i in range(10)]
     assert all(d["policy"] == "rofu" and d["arm"] != "arm-1" for d in decisions)
     assert all([s["arm"] for s in d["scores"]] == ["arm-0", "arm-2", "arm-3"] for d in decisions)
@@ -452,10 +452,10 @@ async def test_service_retired_arm_is_never_selected_by_rofu(service: Service) -
 @pytest.mark.anyio
 async def test_service_unknown_arm_is_refused(service: Service) -> None:
     client, app = service
-    gone = await client.delete("/arms/ghost")
+    gone = await client.delete("/v1/arms/ghost")
     assert "ghost" in _error(gone, 404, "id", named=False)["message"]
     for key in ("arms", "exclude"):
-        response = await client.post("/select", json={"context": CONTEXT, key: ["ghost"]})
+        response = await client.post("/v1/select", json={"context": CONTEXT, key: ["ghost"]})
         assert "ghost" in _error(response, 422, key)["message"]
     assert _count(app, "decisions") == 0
 
@@ -495,9 +495,9 @@ async def test_service_metrics_count_requests_and_outcomes(service: Service) -> 
     client, _ = service
     decision = await _select(client)
     body = {"event_id": decision["event_id"], "value": 1.0}
-    await client.post("/reward", json=body)
-    await client.post("/reward", json=body)
-    await client.post("/reward", json={"event_id": "ghost", "value": 1.0})
+    await client.post("/v1/reward", json=body)
+    await client.post("/v1/reward", json=body)
+    await client.post("/v1/reward", json={"event_id": "ghost", "value": 1.0})
     response = await client.get("/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
@@ -512,7 +512,7 @@ async def test_service_metrics_count_requests_and_outcomes(service: Service) -> 
         "rofu_checkpoint_age_seconds",
     ):
         assert name in names, name
-    request = (("endpoint", "/select"), ("method", "POST"), ("status", "200"))
+    request = (("endpoint", "/v1/select"), ("method", "POST"), ("status", "200"))
     assert samples[("rofu_http_requests_total", request)] == 1
     assert samples[("rofu_select_batch_size_count", ())] == 1
     assert samples[("rofu_select_batch_size_sum", ())] == 1
@@ -541,12 +541,19 @@ async def test_service_openapi_lists_the_api(service: Service) -> None:
     assert response.status_code == 200
     schema = response.json()
     paths = schema["paths"]
-    for path in ("/select", "/reward", "/arms", "/arms/{arm_id}", "/model", "/readyz"):
+    for path in (
+        "/v1/select",
+        "/v1/reward",
+        "/v1/arms",
+        "/v1/arms/{arm_id}",
+        "/v1/model",
+        "/readyz",
+    ):
         assert path in paths, path
-    assert "post" in paths["/select"]
-    assert "post" in paths["/reward"]
-    assert {"get", "post"} <= set(paths["/arms"])
-    assert "422" in paths["/select"]["post"]["responses"]
+    assert "post" in paths["/v1/select"]
+    assert "post" in paths["/v1/reward"]
+    assert {"get", "post"} <= set(paths["/v1/arms"])
+    assert "422" in paths["/v1/select"]["post"]["responses"]
     request = schema["components"]["schemas"]["SelectRequest"]
     assert set(request["properties"]) == {"context", "event_id", "arms", "exclude", "explore"}
     assert request["required"] == ["context"]
@@ -600,7 +607,7 @@ async def test_model_checkpoints_are_paged_with_a_next_link(sqlite_settings) -> 
     for version in range(1, 8):
         seed_checkpoint(sqlite_settings, n_rows=20, version=version)
     async with app_client(sqlite_settings) as (client, _):
-        pages, url = [], "/model/checkpoints?limit=3"
+        pages, url = [], "/v1/model/checkpoints?limit=3"
         while url:
             page = await client.get(url)
             assert page.status_code == 200, page.text
@@ -608,10 +615,10 @@ async def test_model_checkpoints_are_paged_with_a_next_link(sqlite_settings) -> 
             link = page.headers.get("link")
             url = link[1 : link.index(">")] if link else ""
         assert pages == [[7, 6, 5], [4, 3, 2], [1]]
-        everything = (await client.get("/model/checkpoints")).json()
+        everything = (await client.get("/v1/model/checkpoints")).json()
         assert [c["version"] for c in everything] == [7, 6, 5, 4, 3, 2, 1]
         for bad in ("limit=0", "limit=501", "before=0", "limit=x", "before=10000000000000000001"):
-            refused = await client.get(f"/model/checkpoints?{bad}")
+            refused = await client.get(f"/v1/model/checkpoints?{bad}")
             assert refused.status_code == 422, bad
 
 
@@ -622,11 +629,11 @@ async def test_a_body_not_sent_as_json_is_refused_naming_the_content_type(
     client, app = service
     body = b'{"context": [0.1, 0.2, 0.3, 0.4]}'
     for headers, got in (({"content-type": "text/plain"}, "'text/plain'"), ({}, "none")):
-        refused = await client.post("/select", content=body, headers=headers)
+        refused = await client.post("/v1/select", content=body, headers=headers)
         error = _error(refused, 422, "content-type")
         assert error["message"] == (f"body: the content-type must be application/json (got {got})")
     accepted = await client.post(
-        "/select", content=body, headers={"content-type": "application/json"}
+        "/v1/select", content=body, headers={"content-type": "application/json"}
     )
     assert accepted.status_code == 200
     assert _count(app, "decisions") == 1

@@ -17,8 +17,8 @@ from tests.support import app_client
 
 async def _rewarded(client: Any, n: int) -> None:
     for i in range(n):
-        chosen = await client.post("/select", json={"context": [0.1 * i, 0.2, 0.3, 0.4]})
-        await client.post("/reward", json={"event_id": chosen.json()["event_id"], "value": 1.0})
+        chosen = await client.post("/v1/select", json={"context": [0.1 * i, 0.2, 0.3, 0.4]})
+        await client.post("/v1/reward", json={"event_id": chosen.json()["event_id"], "value": 1.0})
 
 
 @pytest.mark.anyio

@@ -106,7 +106,7 @@ async def test_trainer_quarantines_a_corrupt_newest_checkpoint_once_and_trains_o
 
         reads.clear()
         runtime.follower.sync()
-        assert (await client.put("/admin/pin", json={"version": 2})).status_code == 409
+        assert (await client.put("/v1/admin/pin", json={"version": 2})).status_code == 409
         log_decisions(runtime.sessions, "d", 4)
         assert trainer.run_once().version == 5
         assert 2 not in reads  # never read again
@@ -125,22 +125,22 @@ async def test_pin_works_whatever_is_corrupt_and_a_corrupt_one_is_refused(dir_se
             trainer.run_once()
         damage(runtime.sessions, 2)
 
-        pinned = await client.put("/admin/pin", json={"version": 1})
+        pinned = await client.put("/v1/admin/pin", json={"version": 1})
         assert pinned.json() == {"pinned": 1, "serving": 1}
-        refused = await client.put("/admin/pin", json={"version": 2})
+        refused = await client.put("/v1/admin/pin", json={"version": 2})
         error = refused.json()["error"]
         assert (refused.status_code, error["code"], error["field"]) == (409, "conflict", "version")
         assert "checkpoint 2 cannot be pinned" in error["message"]
         assert "damaged" in error["message"]
-        again = (await client.put("/admin/pin", json={"version": 2})).json()["error"]
+        again = (await client.put("/v1/admin/pin", json={"version": 2})).json()["error"]
         assert "quarantined" in again["message"]
         assert _quarantined(runtime) == 1
-        assert (await client.get("/admin/pin")).json() == {"pinned": 1, "serving": 1}
+        assert (await client.get("/v1/admin/pin")).json() == {"pinned": 1, "serving": 1}
 
         log_decisions(runtime.sessions, "c", 6)
         assert trainer.run_once().version == 3  # trained while pinned, from v1
         assert runtime.follower.serving == 1
-        unpinned = await client.delete("/admin/pin")
+        unpinned = await client.delete("/v1/admin/pin")
         assert unpinned.json() == {"pinned": None, "serving": 3}
 
 
