@@ -2,7 +2,8 @@
 training and checkpoints. It reads no files, databases or environment variables.
 
 A reward network is any `RewardModel` (`models.reward_model`): the MLP `RewardNet`, the
-`ConvRewardNet` on images, or a plain module wrapped by `PerArmModel` / `PairModel`.
+`ConvRewardNet` or the CIFAR `ResNet` on images, or a plain module wrapped by
+`PerArmModel` / `PairModel`.
 
 Tensor dimension letters, used in shape comments and docstrings throughout:
 
@@ -21,6 +22,7 @@ from models.checkpoint import Checkpoint, CheckpointError, dump_checkpoint, load
 from models.convnet import ConvRewardNet, ConvRewardNetConfig
 from models.data import DataBuffer, RegulariserData, Transitions
 from models.networks import RewardNet, RewardNetConfig
+from models.resnet import ResNet, ResNetConfig
 from models.reward_model import PairModel, PerArmModel, RewardModel, RewardModelConfig
 from models.rofu import RofuConfig, rofu_scores
 from models.scores import Decision, Scores
@@ -37,6 +39,8 @@ __all__ = [
     "PairModel",
     "PerArmModel",
     "RegulariserData",
+    "ResNet",
+    "ResNetConfig",
     "RewardModel",
     "RewardModelConfig",
     "RewardNet",

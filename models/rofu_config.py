@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from models.data import RegulariserData
+from models.selection import SelectionRule
 from models.validation import check_choice, check_float, check_int
 
 REGULARISERS = ("dataset", "arm_count")
@@ -42,6 +43,11 @@ class RofuConfig:
             steps on its first-order expansion around theta (the paper's NTK regulariser,
             appendix), in the span of the gradient features: far cheaper, and equal to
             `exact` for a model that is linear in its parameters.
+        selection: how the UCBs become a choice (`models.selection`): `argmax` (ties
+            uniform) or `igw` (inverse-gap weighting).
+        exploration_floor: eps, the weight of a uniform choice mixed into the rule's, so
+            every candidate keeps probability >= eps / K (0: none).
+        igw_gamma: gamma of `igw`: an arm gap below the best UCB gets 1 / (K + gamma gap).
     """
 
     steps: int = 5
@@ -55,6 +61,9 @@ class RofuConfig:
     chunk_size: int = 256
     baseline: str = "start"
     estimator: str = "exact"
+    selection: str = "argmax"
+    exploration_floor: float = 0.0
+    igw_gamma: float = 100.0
 
     def __post_init__(self) -> None:
         check_int("steps", self.steps, low=0)
@@ -69,6 +78,12 @@ class RofuConfig:
         check_int("chunk_size", self.chunk_size, low=1)
         check_choice("baseline", self.baseline, BASELINES)
         check_choice("estimator", self.estimator, ESTIMATORS)
+        SelectionRule(self.selection, self.exploration_floor, self.igw_gamma)  # checks them
+
+    @property
+    def rule(self) -> SelectionRule:
+        """The selection rule the UCBs are decided by (`models.selection`)."""
+        return SelectionRule(self.selection, self.exploration_floor, self.igw_gamma)
 
 
 def minibatch_indices(n_rows: int, config: RofuConfig, generator: torch.Generator) -> Tensor | None:

@@ -85,11 +85,16 @@ class GraphedExact:
     def __call__(
         self, contexts: Tensor, generator: torch.Generator, candidates: Tensor | None = None
     ) -> Scores:
-        """Score (B, D) contexts; NaN where `candidates` (B, A) is False."""
+        """Score (B, D) contexts; NaN where `candidates` (B, A) is False.
+
+        The minibatches are drawn once per call, so every pair of the call shares them
+        (as `rofu_scores`), however many buckets the batch spans.
+        """
+        steps = minibatch_indices(len(self.sample), self.config, generator)
         means, bonuses = [], []
         for start in range(0, contexts.shape[0], self.buckets[-1]):
             chunk = contexts[start : start + self.buckets[-1]]
-            mean, bonus = self._run(chunk, generator)
+            mean, bonus = self._run(chunk, steps)
             means.append(mean)
             bonuses.append(bonus)
         mean, bonus = torch.cat(means), torch.cat(bonuses)
@@ -103,11 +108,10 @@ class GraphedExact:
         """The smallest bucket that holds `batch` contexts."""
         return next(b for b in self.buckets if b >= batch)
 
-    def _run(self, contexts: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    def _run(self, contexts: Tensor, steps: Tensor | None) -> tuple[Tensor, Tensor]:
         batch = contexts.shape[0]
         bucket = self.bucket(batch)
         static = self._static.get(bucket) or self._prepare(bucket)
-        steps = minibatch_indices(len(self.sample), self.config, generator)
         static.contexts[:batch].copy_(contexts)
         static.contexts[batch:].zero_()  # padding rows: scored, then dropped
         if static.steps is not None and steps is not None:

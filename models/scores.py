@@ -64,8 +64,11 @@ class Decision:
         arms: (B,) int64 chosen arm per context.
         propensity: (B,) probability with which that arm was chosen.
         scores: the (B, A) scores the choice was made from.
+        probabilities: (B, A) float64 probability of every arm (0 off the candidates),
+            where the policy computes them exactly (ROFU's rule); else None.
     """
 
     arms: Tensor
     propensity: Tensor
     scores: Scores
+    probabilities: Tensor | None = None

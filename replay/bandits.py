@@ -2,7 +2,8 @@
 
 A stream holds the context of every round and the reward of *every* arm in it (realised
 and expected), drawn once per seed; every policy run on that seed reads the same table,
-so policies are compared with common random numbers.
+so policies are compared with common random numbers. Contexts are vectors (D,), or images
+(C, H, W) for the ResNet bandit (`Bandit.context_shape`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+
+from models.resnet import ResNet, ResNetConfig
 
 
 @dataclass(frozen=True)
@@ -20,7 +24,7 @@ class Stream:
     """T rounds of one bandit for one seed.
 
     Attributes:
-        contexts: (T, D) float32 contexts, in the order they arrive.
+        contexts: (T, D) float32 contexts, in the order they arrive ((T, C, H, W) images).
         rewards: (T, A) float64 realised reward each arm would get in each round.
         means: (T, A) float64 expected reward of each arm in each round (for pseudo-regret).
     """
@@ -56,9 +60,14 @@ class Bandit(ABC):
     """A contextual bandit problem."""
 
     name: str
-    context_dim: int
+    context_dim: int  # features of a context (C * H * W for an image)
     n_arms: int
     notes: str = ""
+
+    @property
+    def context_shape(self) -> tuple[int, ...]:
+        """The shape of one context: (D,), or (C, H, W) for an image bandit."""
+        return (self.context_dim,)
 
     @abstractmethod
     def stream(self, rounds: int, seed: int) -> Stream:
@@ -165,3 +174,71 @@ class MLPBandit(Bandit):
         means = np.maximum(x @ w1, 0.0) @ w2
         rewards = means + rng.normal(scale=self.noise, size=means.shape)
         return Stream(x.astype(np.float32), rewards, means)
+
+
+class ResNetBandit(Bandit):
+    """The paper's ResNet bandit (section 5.1, Table "MLP and ResNet bandits"), with a
+    randomly initialised simulator: no CIFAR-10 can be downloaded here to train one.
+
+    Contexts are 3 x 32 x 32 images of i.i.d. U(-1, 1) pixels (the paper: "Uniform"); the
+    expected reward of arm a is the a-th output of a ResNet-`depth` (He-normal weights
+    drawn per seed) in eval mode, plus N(0, noise^2) noise (the paper's N(0, 0.5), read as
+    a standard deviation like the MLP bandit's). The simulator's batch-norm running
+    statistics are set on `calibration` contexts of the same distribution, as a trained
+    network's match its inputs (at their initial values, mean 0 and variance 1, the
+    outputs grow through the residual stages to +-20); its weights stay random.
+    """
+
+    def __init__(
+        self,
+        depth: int = 20,
+        width: int = 16,
+        n_arms: int = 10,
+        noise: float = 0.5,
+        calibration: int = 256,
+    ) -> None:
+        self.name, self.n_arms = "resnet", n_arms
+        self.image = (3, 32, 32)
+        self.context_dim = int(np.prod(self.image))
+        self.depth, self.width, self.noise, self.calibration = depth, width, noise, calibration
+        self.notes = (
+            f"synthetic; 3x32x32 U(-1, 1) contexts, a RANDOM ResNet-{depth} (width {width}, "
+            f"batch norm calibrated on {calibration} contexts) as simulator, not one trained "
+            f"on CIFAR-10; noise std {noise}"
+        )
+
+    @property
+    def context_shape(self) -> tuple[int, ...]:
+        """(3, 32, 32)."""
+        return self.image
+
+    def simulator(self, seed: int) -> ResNet:
+        """The seed's random ResNet, in eval mode, its batch norm calibrated."""
+        draw = rng_for(self.name, seed, "network")
+        config = ResNetConfig(
+            self.image, self.n_arms, self.depth, self.width, int(draw.integers(2**31))
+        )
+        net = config.build()
+        for module in net.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.momentum = None  # a plain average of what it sees
+        with torch.no_grad():
+            net.train()(
+                self._images(draw, self.calibration),
+                torch.zeros(self.calibration, dtype=torch.int64),
+            )
+        return net.eval()
+
+    def _images(self, rng: np.random.Generator, count: int) -> torch.Tensor:
+        return torch.from_numpy(
+            rng.uniform(-1.0, 1.0, size=(count, *self.image)).astype(np.float32)
+        )
+
+    def stream(self, rounds: int, seed: int) -> Stream:
+        net, rng = self.simulator(seed), rng_for(self.name, seed)
+        x = self._images(rng, rounds)
+        with torch.no_grad():
+            parts = [net.score_all(x[lo : lo + 250]) for lo in range(0, rounds, 250)]
+            means = torch.cat(parts).double().numpy()
+        rewards = means + rng.normal(scale=self.noise, size=means.shape)
+        return Stream(x.numpy(), rewards, means)

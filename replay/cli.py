@@ -74,10 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--protocol",
         choices=sorted(PROTOCOLS),
         default="quick",
-        help="quick: T=2000, 4 seeds; paper: T=20000, 16 seeds, paper data sets",
+        help="quick: T=2000, 4 seeds; paper: T=20000, 16 seeds, paper data sets; ablation: "
+        "the paper's section 5.1, ROFU at M = 1, 5, 10 against EpsilonGreedy and Greedy on "
+        "the MLP and ResNet bandits, each on its paper learner",
     )
     parser.add_argument("--datasets", type=_names, help="comma-separated (default: protocol's)")
-    parser.add_argument("--policies", type=_names, help="comma-separated (default: all built in)")
+    parser.add_argument(
+        "--policies", type=_names, help="comma-separated (default: the protocol's, or all built in)"
+    )
     parser.add_argument("--seeds", type=parse_seeds, help="e.g. 0-3 (default: protocol's)")
     parser.add_argument("--rounds", type=int, help="T (default: protocol's)")
     parser.add_argument(
@@ -161,12 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.http:
         return _http(parser, args.http, datasets, file, seeds, rounds, out, args.data_dir)
     try:  # matched without regard to case; run files and reports use the canonical name
-        policies = tuple(canonical_policy_name(name) for name in args.policies or BUILT_IN)
+        names = args.policies or protocol.policies or BUILT_IN
+        policies = tuple(canonical_policy_name(name) for name in names)
     except ValueError as exc:
         parser.error(str(exc))
     if not args.report_only:
+        presets = _preset_of(parser, args, datasets, protocol)
         run_jobs(
-            jobs_for(datasets, policies, seeds, rounds, _preset_of(parser, args, datasets)),
+            jobs_for(datasets, policies, seeds, rounds, presets, protocol.learners),
             out,
             workers=args.workers,
             data_dir=args.data_dir,
@@ -181,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     command = _command([a for a in argv if a != "--report-only"])
     preamble = (
         f"Protocol `{protocol.name}` as run: T = {rounds} rounds, seeds "
-        f"{list(seeds)}; regenerate with `{command}`."
+        f"{list(seeds)}; regenerate with `{command}`." + _learner_lines(protocol, datasets)
     )
     try:
         print(write_report(out, f"Replay report: {protocol.name}", preamble, rounds=rounds))
@@ -190,15 +196,40 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _learner_lines(protocol: Protocol, datasets: tuple[str, ...]) -> str:
+    """What each data set with a learner is, and the learner its neural policies ran on."""
+    from replay.datasets import load_bandit
+    from replay.learners import get_learner
+
+    named = [d for d in datasets or protocol.datasets if d in protocol.learners]
+    lines = [
+        f"- `{name}` ({load_bandit(name).notes}): learner `{learner.name}`, {learner.why}"
+        for name in named
+        for learner in [get_learner(protocol.learners[name])]
+    ]
+    return "\n\n" + "\n".join(lines) if lines else ""
+
+
 def _preset_of(
-    parser: argparse.ArgumentParser, args: argparse.Namespace, datasets: tuple[str, ...]
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    datasets: tuple[str, ...],
+    protocol: Protocol,
 ) -> dict[str, str]:
-    """The preset each data set's ROFU-family policies run."""
+    """The preset each data set's ROFU-family policies run (none where the protocol names
+    a learner for it)."""
     spec: dict[str, str] = args.preset
     unknown = sorted(set(spec) - {"*", *datasets})
     if unknown and spec != TUNED_PRESETS:
         parser.error(f"--preset names data sets that do not run: {', '.join(unknown)}")
-    return {d: spec.get(d, spec.get("*", PRODUCT.name)) for d in datasets}
+    presets = {d: spec.get(d, spec.get("*", PRODUCT.name)) for d in datasets}
+    fixed = [d for d, name in presets.items() if d in protocol.learners and name != PRODUCT.name]
+    if fixed and spec != TUNED_PRESETS:
+        parser.error(
+            f"--preset: {', '.join(fixed)} run the learner the {protocol.name} protocol names "
+            "(replay/learners.py); a preset does not apply"
+        )
+    return {d: PRODUCT.name if d in protocol.learners else name for d, name in presets.items()}
 
 
 def _datasets(

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from replay import config
-from replay.bandits import Bandit, MLPBandit, PoolBandit, WheelBandit
+from replay.bandits import Bandit, MLPBandit, PoolBandit, ResNetBandit, WheelBandit
 from replay.conversions import (
     FinancialBandit,
     class_means,
@@ -198,6 +198,11 @@ def load_mlp(folder: Path) -> Bandit:
     return MLPBandit()
 
 
+def load_resnet(folder: Path) -> Bandit:
+    """The paper's ResNet bandit with a random ResNet-20 simulator (the folder is ignored)."""
+    return ResNetBandit()
+
+
 @dataclass(frozen=True)
 class Dataset:
     """A registered data set: its loader (which builds its bandit) and the files it reads.
@@ -226,6 +231,7 @@ DATASETS: dict[str, Dataset] = {
     "financial": Dataset(load_financial, (FINANCIAL_FILE,)),
     "wheel": Dataset(load_wheel),
     "mlp": Dataset(load_mlp),
+    "resnet": Dataset(load_resnet),
 }
 
 

@@ -12,6 +12,7 @@ the sequence of policies the pass produced.
   pi_i(a_i | x_i): unbiased for stochastic policies too, and for any logger with known
   propensities; with a skewed logger the policy learns from an over-sample of the items
   the logger favours, and IPS and DR stay unbiased for the policies it reaches.
+* SNIPS: IPS divided by the mean weight (1/N) sum_i 1[pick_i = a_i] / p_i.
 * DR: (1/N) sum_i [q(x_i, pick_i) + 1[pick_i = a_i] / p_i (r_i - q(x_i, a_i))], the
   one-sample form of sum_a pi(a | x) q(x, a); q is `replay.obd.item_ctr_table` (per-item
   CTR shrunk to the overall CTR, cross-fitted over folds of rows).
@@ -125,8 +126,9 @@ def _estimate(
     value, low, high = ratio_estimate(num, den, ci=ci, rng=rng)
     if matched is None:
         return Estimate(value, low, high, len(num))
-    hits = float(rewards[matched].sum())
-    return Estimate(value, low, high, len(num), int(matched.sum()), hits)
+    support = matched > 0  # bool, or the policy's probability of the logged item
+    hits = float(rewards[support].sum())
+    return Estimate(value, low, high, len(num), int(support.sum()), hits)
 
 
 def replay_estimate(
@@ -151,9 +153,24 @@ def ips_estimate(
     ci: str = "normal",
     rng: Rng = None,
 ) -> Estimate:
-    """(1/N) sum r 1[match] / p over (N,) arrays; the rest as in `replay_estimate`."""
+    """(1/N) sum r 1[match] / p over (N,) arrays; the rest as in `replay_estimate`.
+    `matched` may also be pi(a_i | x_i), the indicator's expectation (no sampling noise)."""
     terms = rewards * matched / propensities
     return _estimate(terms, np.ones_like(terms), matched, rewards, ci, rng)
+
+
+def snips_estimate(
+    rewards: np.ndarray,
+    matched: np.ndarray,
+    propensities: np.ndarray,
+    *,
+    ci: str = "normal",
+    rng: Rng = None,
+) -> Estimate:
+    """Self-normalised IPS, sum r w / sum w with w = matched / p: slightly biased, within
+    the rewards' range, and steadier than IPS when weights are large."""
+    weights = matched / propensities
+    return _estimate(rewards * weights, weights, matched, rewards, ci, rng)
 
 
 def dr_estimate(
@@ -169,7 +186,8 @@ def dr_estimate(
     """(1/N) sum [q(x, pick) + 1[match] / p (r - q(x, a))].
 
     Args:
-        q_logged: (N,) reward model at the logged item. q_pick: (N,) at the policy's pick.
+        q_logged: (N,) reward model at the logged item. q_pick: (N,) at the policy's pick
+            (with probabilities for `matched`: sum_a pi(a | x) q(x, a)).
         The rest as in `ips_estimate`.
     """
     terms = q_pick + matched / propensities * (rewards - q_logged)

@@ -11,6 +11,8 @@ Carlo propensity (replay needs no propensities). ROFU runs a preset of
 `models.presets` (`PRODUCT`, the one the service serves, unless `--preset` names another;
 tuned on seeds disjoint from the reported ones), and `Greedy-matched` is Greedy with the
 preset's network and schedule, the ablation that tells exploration apart from training.
+On a data set whose protocol names a learner (`replay.learners`: the paper's ablation),
+ROFU and its variants, Greedy and EpsilonGreedy all run on that learner instead.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
-from models import FitConfig, RewardNet, RewardNetConfig
+from models import FitConfig, RewardNetConfig, RofuConfig
 from models.networks import ACTIVATIONS
 from models.policies import (
     SHOWDOWN_FIT,
@@ -30,6 +32,7 @@ from models.policies import (
     Dropout,
     DropoutParams,
     EpsilonGreedy,
+    EpsilonGreedyParams,
     Greedy,
     LinUCB,
     NeuralLinear,
@@ -45,6 +48,7 @@ from models.policies import (
 )
 from models.presets import PRODUCT, RofuPreset
 from models.validation import check_choice
+from replay.learners import Learner
 
 Builder = Callable[[int, int, int, torch.device], Policy]
 SHOWDOWN_SCHEDULE = TrainSchedule(every=50, fit=SHOWDOWN_FIT)
@@ -171,6 +175,9 @@ VARIANT_KEYS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "l2": ("rofu", "l2", float),
     "mb": ("rofu", "minibatch_size", int),
     "est": ("rofu", "estimator", str),
+    "floor": ("rofu", "exploration_floor", float),
+    "select": ("rofu", "selection", str),
+    "gamma": ("rofu", "igw_gamma", float),
     "fit_steps": ("fit", "steps", int),
     "fit_lr": ("fit", "lr", float),
     "fit_opt": ("fit", "optimizer", str),
@@ -210,22 +217,20 @@ def canonical_policy_name(name: str) -> str:
     raise ValueError(f"unknown policy {name!r}; known: {KNOWN}")
 
 
-def rofu_variant(spec: str, base: RofuPreset = PRODUCT) -> RofuPreset:
-    """`base` with overrides, from a name like `ROFU@eta=0.1+reg=arm_count+hidden=100x100`
-    (`Greedy-matched@...` takes the same overrides for its network and schedule).
+Changes = dict[str, dict[str, object]]
 
-    Keys: those of VARIANT_KEYS (hidden: widths joined by x) and learner (`showdown`: the
-    Showdown baselines' network and schedule; `neuralucb`: NeuralUCB's schedule here; the
-    other keys still override either). The result is named after `spec`.
-    """
+
+def _variant_changes(spec: str) -> tuple[str | None, Changes]:
+    """The `learner=` value (None if absent) and the overrides by part, from a variant name."""
     _, _, overrides = spec.partition("@")
-    changes: dict[str, dict[str, object]] = {"rofu": {}, "fit": {}, "schedule": {}, "net": {}}
+    learner: str | None = None
+    changes: Changes = {"rofu": {}, "fit": {}, "schedule": {}, "net": {}}
     for item in filter(None, overrides.split("+")):
         key, _, value = item.partition("=")
         if key == "learner":
             if value not in LEARNERS:
                 raise ValueError(f"learner must be one of {sorted(LEARNERS)}, got {value!r}")
-            base = LEARNERS[value]
+            learner = value
         elif key in VARIANT_KEYS:
             part, field, cast = VARIANT_KEYS[key]
             try:
@@ -234,25 +239,101 @@ def rofu_variant(spec: str, base: RofuPreset = PRODUCT) -> RofuPreset:
                 raise ValueError(f"bad value {value!r} for ROFU variant key {key!r}") from None
         else:
             raise ValueError(f"unknown ROFU variant key {key!r} in {spec!r}")
+    return learner, changes
+
+
+def _trained(base: RofuPreset | Learner, changes: Changes) -> tuple[RofuConfig, TrainSchedule]:
+    """The base's estimator and schedule with the overrides."""
     fit = dataclasses.replace(base.schedule.fit, **changes["fit"])  # type: ignore[arg-type]
     schedule = dataclasses.replace(base.schedule, fit=fit, **changes["schedule"])  # type: ignore[arg-type]
-    rofu = dataclasses.replace(base.rofu, **changes["rofu"])  # type: ignore[arg-type]
-    name = base.name if not overrides else f"{base.name}+{overrides}"
+    return dataclasses.replace(base.rofu, **changes["rofu"]), schedule  # type: ignore[arg-type]
+
+
+def _variant_name(base: str, spec: str) -> str:
+    overrides = spec.partition("@")[2]
+    return base if not overrides else f"{base}+{overrides}"
+
+
+def rofu_variant(spec: str, base: RofuPreset = PRODUCT) -> RofuPreset:
+    """`base` with overrides, from a name like `ROFU@eta=0.1+reg=arm_count+hidden=100x100`
+    (`Greedy-matched@...` takes the same overrides for its network and schedule).
+
+    Keys: those of VARIANT_KEYS (hidden: widths joined by x) and learner (`showdown`: the
+    Showdown baselines' network and schedule; `neuralucb`: NeuralUCB's schedule here; the
+    other keys still override either). The result is named after `spec`.
+    """
+    learner, changes = _variant_changes(spec)
+    base = base if learner is None else LEARNERS[learner]
+    rofu, schedule = _trained(base, changes)
+    name = _variant_name(base.name, spec)
     return dataclasses.replace(base, name=name, rofu=rofu, schedule=schedule, **changes["net"])  # type: ignore[arg-type]
+
+
+def learner_variant(spec: str, base: Learner) -> Learner:
+    """A bandit's learner with a variant's overrides (`ROFU@steps=10`): the network keys
+    apply to an MLP learner only, and `learner=` to none (the bandit fixes the learner)."""
+    learner, changes = _variant_changes(spec)
+    if learner is not None:
+        raise ValueError(f"learner={learner}: {base.name} is fixed for this data set")
+    net = base.net
+    if changes["net"]:
+        if not isinstance(net, RewardNetConfig):
+            keys = ", ".join(changes["net"])
+            raise ValueError(f"{keys}: no such setting of {base.name}'s {type(net).__name__}")
+        net = dataclasses.replace(net, **changes["net"])  # type: ignore[arg-type]
+    rofu, schedule = _trained(base, changes)
+    name = _variant_name(base.name, spec)
+    return dataclasses.replace(base, name=name, net=net, rofu=rofu, schedule=schedule)
+
+
+Base = TypeVar("Base", RofuPreset, Learner)
+
+
+def _flavour(name: str, base: Base) -> Base | None:
+    """`base` for ROFU and Greedy-matched, with the estimator a flavour names; else None."""
+    if name == "ROFU" or name == "Greedy-matched":
+        return base
+    if name in ESTIMATOR_FLAVOURS:
+        estimator = ESTIMATOR_FLAVOURS[name]
+        return dataclasses.replace(base, rofu=dataclasses.replace(base.rofu, estimator=estimator))
+    return None
 
 
 def resolve_preset(name: str, preset: RofuPreset = PRODUCT) -> RofuPreset | None:
     """The preset policy `name` runs with `preset` given (None: a policy without one)."""
-    if name == "ROFU" or name == "Greedy-matched":
-        return preset
-    if name in ESTIMATOR_FLAVOURS:
-        return dataclasses.replace(
-            preset,
-            rofu=dataclasses.replace(preset.rofu, estimator=ESTIMATOR_FLAVOURS[name]),
-        )
     if name.startswith(VARIANT_PREFIXES):
         return rofu_variant(name, preset)
-    return None
+    return _flavour(name, preset)
+
+
+def resolve_learner(name: str, learner: Learner) -> Learner | None:
+    """What policy `name` of the ROFU family runs on a bandit's learner (None: another)."""
+    if name.startswith(VARIANT_PREFIXES):
+        return learner_variant(name, learner)
+    return _flavour(name, learner)
+
+
+#: The policies that run on a bandit's learner (`replay.learners`).
+LEARNER_POLICIES = (*PRESET_POLICIES, "Greedy", "EpsilonGreedy")
+
+
+def _on_learner(name: str, learner: Learner, seed: int, device: torch.device) -> Policy:
+    """Policy `name` on the learner's network and schedule (ROFU on its estimator too)."""
+    resolved = resolve_learner(name, learner)
+    if resolved is not None and not name.startswith("Greedy-matched"):
+        net = resolved.network(seed)
+        return RofuPolicy(net, resolved.schedule, resolved.rofu, device=device, seed=seed)
+    if resolved is not None or name == "Greedy":
+        base = resolved or learner
+        return Greedy(base.network(seed), base.schedule, device=device, seed=seed)
+    if name == "EpsilonGreedy":
+        params = EpsilonGreedyParams(epsilon=learner.epsilon)
+        net = learner.network(seed)
+        return EpsilonGreedy(net, learner.schedule, params, device=device, seed=seed)
+    raise ValueError(
+        f"{name} does not run on a data set with a learner ({learner.name}); there run "
+        f"{', '.join(LEARNER_POLICIES)} or their variants"
+    )
 
 
 def build_policy(
@@ -263,12 +344,17 @@ def build_policy(
     device: torch.device,
     *,
     preset: RofuPreset = PRODUCT,
+    learner: Learner | None = None,
 ) -> Policy:
     """A fresh policy by name (the VW anchors when `vowpalwabbit` is installed).
 
     `ROFU`, its flavours (`ROFU-exact`, `ROFU-NTK`), their variants and `Greedy-matched`
-    run `preset`; the other policies have their own fixed settings.
+    run `preset`; the other policies have their own fixed settings. With a `learner` (the
+    bandit's, `replay.learners`), the policies of LEARNER_POLICIES run on it instead and
+    the others are refused (ValueError).
     """
+    if learner is not None:
+        return _on_learner(name, learner, seed, device)
     resolved = resolve_preset(name, preset)
     if resolved is not None:
         if name.startswith("Greedy-matched"):
@@ -284,10 +370,10 @@ def build_policy(
     raise ValueError(f"unknown policy {name!r}; known: {KNOWN}")
 
 
-def configuration(policy: object, preset: RofuPreset | None = None) -> dict[str, Any]:
-    """What a built policy runs with, read off the object: its class, its network, its
-    dataclass settings (a neural policy's `params` and `schedule`) and plain numbers (and
-    the preset's name and settings, if any)."""
+def configuration(policy: object, preset: RofuPreset | Learner | None = None) -> dict[str, Any]:
+    """What a built policy runs with, read off the object: its class, its network's config
+    and class, its dataclass settings (a neural policy's `params` and `schedule`) and plain
+    numbers (and the preset's or learner's name and settings, if any)."""
     record: dict[str, Any] = {"class": type(policy).__name__}
     for key, value in sorted(vars(policy).items()):
         if key.startswith("_"):
@@ -296,9 +382,9 @@ def configuration(policy: object, preset: RofuPreset | None = None) -> dict[str,
             record[key] = dataclasses.asdict(value)
         elif isinstance(value, bool | int | float | str):
             record[key] = value
-    net = getattr(policy, "net", None)
-    if isinstance(net, RewardNet):
-        record["net"] = dataclasses.asdict(net.config)
+    config = getattr(getattr(policy, "net", None), "config", None)
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        record["net"] = dataclasses.asdict(config) | {"model": type(policy.net).__name__}  # type: ignore[attr-defined]
     if preset is not None:
         record["preset"] = preset.as_dict()
     return record

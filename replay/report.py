@@ -1,4 +1,5 @@
-"""The replay report: statistics over seeds, tables, regret curves; Markdown + JSON + PNG.
+"""The replay report: statistics over seeds, tables, regret and bonus curves; Markdown + JSON
++ PNG.
 
 Main figure: final cumulative pseudo-regret (expected regret against each round's best
 arm) after T rounds, mean +- s.e.m. over seeds; also normalised to the best policy of each
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from replay import bonus
 from replay.simulate import RunResult
 
 REFERENCE = "ROFU"
@@ -254,7 +256,11 @@ def markdown(table: dict[str, dict[str, Cell]], title: str, preamble: str = "") 
 
     grid("Runs behind each cell: seeds x rounds", "runs")
     if any(c.preset for cells in table.values() for c in cells.values()):
-        grid("ROFU preset each cell ran (models/presets.py; - for other policies)", "preset")
+        grid(
+            "ROFU preset each cell ran (models/presets.py; where the protocol names a learner, "
+            "the learner, replay/learners.py; - for other policies)",
+            "preset",
+        )
     if any(c.source for cells in table.values() for c in cells.values()):
         grid("Report each cell is taken from", "source")
     grid("Final cumulative pseudo-regret, mean +- s.e.m.", "raw")
@@ -277,7 +283,8 @@ def markdown(table: dict[str, dict[str, Cell]], title: str, preamble: str = "") 
 
 
 def write_report(out: Path, title: str, preamble: str = "", rounds: int | None = None) -> Path:
-    """Collect, summarise and write README.md, results.json and regret PNGs into `out`.
+    """Collect, summarise and write README.md, results.json, regret PNGs and, where runs
+    recorded an exploration bonus, bonus PNGs (`replay.bonus`) into `out`.
 
     A hand-written `out/NOTES.md` (what the figures say) goes in after the preamble, so
     rebuilding the report keeps it.
@@ -289,10 +296,16 @@ def write_report(out: Path, title: str, preamble: str = "", rounds: int | None =
     table = summarise(results)
     plots = plot_curves(results, out / "plots")
     text = markdown(table, title, preamble)
-    text += (
-        "\n## Regret curves\n\n" + "\n".join(f"![{p.stem}](plots/{p.name})" for p in plots) + "\n"
-    )
+    text += "\n## Regret curves\n\n" + _images(plots)
+    bonus_plots = bonus.plot_bonus(results, out / "plots")
+    if bonus_plots:
+        table_text = bonus.markdown_table(results)
+        text += "\n## Bonus curves\n\n" + table_text + "\n" + _images(bonus_plots)
     return _write(out, title, table, text)
+
+
+def _images(paths: list[Path]) -> str:
+    return "\n".join(f"![{p.stem}](plots/{p.name})" for p in paths) + "\n"
 
 
 def _with_notes(out: Path, preamble: str) -> str:

@@ -1,10 +1,11 @@
 """Running many (data set, policy, seed) jobs: resumable, in parallel, with a progress bar.
 
-Each finished job is one file, `<out>/runs/<bandit>/<policy>/seed<seed>-T<rounds>.npz`;
-a rerun skips every job whose file exists, so an interrupted protocol resumes where it
-stopped. Jobs run in `workers` spawned processes (torch threads split between them); a
-failed job stops the protocol without starting the queued ones, and on Linux the workers
-die with the process that started them, even a killed one.
+Each finished job is one file, `<out>/runs/<bandit>/<policy>/seed<seed>-T<rounds>.npz`
+(with `-<preset>` and `-<learner>` where the job names them); a rerun skips every job
+whose file exists, so an interrupted protocol resumes where it stopped. Jobs run in
+`workers` spawned processes (torch threads split between them); a failed job stops the
+protocol without starting the queued ones, and on Linux the workers die with the process
+that started them, even a killed one.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ import signal
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from multiprocessing import get_context
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
@@ -28,21 +30,42 @@ from replay.bandits import Bandit
 from replay.datafile import ClassificationFile
 from replay.simulate import RunResult, simulate
 
+if TYPE_CHECKING:
+    from models.policies import Policy
+
 
 @dataclass(frozen=True)
 class Protocol:
-    """How many rounds and seeds, on which data sets."""
+    """How many rounds and seeds, on which data sets, with which policies.
+
+    Attributes:
+        policies: what runs when `--policies` names none; empty: every built-in policy.
+        learners: data set -> the learner (`replay.learners`) its neural policies run on.
+    """
 
     name: str
     rounds: int
     seeds: tuple[int, ...]
     datasets: tuple[str, ...]
+    policies: tuple[str, ...] = ()
+    learners: dict[str, str] = field(default_factory=dict)
 
 
 PAPER_DATASETS = ("census", "jester", "adult", "covertype", "statlog", "financial", "mushroom")
+#: The paper's section 5.1: ROFU at M = 1, 5, 10 against epsilon-greedy (and Greedy), on the
+#: paper's learner of each bandit.
+ABLATION = Protocol(
+    "ablation",
+    1_000,
+    tuple(range(4)),
+    ("mlp", "resnet"),
+    ("ROFU@steps=1", "ROFU@steps=5", "ROFU@steps=10", "EpsilonGreedy", "Greedy"),
+    {"mlp": "paper-mlp", "resnet": "paper-resnet32"},
+)
 PROTOCOLS = {
     "quick": Protocol("quick", 2_000, tuple(range(4)), (*PAPER_DATASETS, "wheel", "mlp")),
     "paper": Protocol("paper", 20_000, tuple(range(16)), PAPER_DATASETS),
+    "ablation": ABLATION,
 }
 TUNING_SEEDS = tuple(range(1000, 1004))  # disjoint from every reported seed
 
@@ -56,10 +79,13 @@ class Job:
     seed: int
     rounds: int
     preset: str = PRODUCT.name  # ROFU's preset (models.presets) for ROFU-family policies
+    learner: str = ""  # the data set's learner (replay.learners), if the protocol names one
 
     def path(self, out: Path) -> Path:
-        """Where its result goes (a preset other than the product's is in the name)."""
+        """Where its result goes (a preset other than the product's, and a learner, are in
+        the name)."""
         tag = "" if self.preset == PRODUCT.name else f"-{self.preset}"
+        tag += f"-{self.learner}" if self.learner else ""
         name = f"seed{self.seed}-T{self.rounds}{tag}.npz"
         return out / "runs" / self.bandit / self.policy / name
 
@@ -70,9 +96,11 @@ def jobs_for(
     seeds: Iterable[int],
     rounds: int,
     presets: Mapping[str, str] | None = None,
+    learners: Mapping[str, str] | None = None,
 ) -> list[Job]:
     """Every combination, data set by data set; `presets` maps a data set to the preset its
-    ROFU-family policies run (the product's where it names none)."""
+    ROFU-family policies run (the product's where it names none), `learners` to the
+    learner its neural policies run on (`replay.learners`; none where it names none)."""
     from replay.policies import resolve_preset
 
     def preset(dataset: str, policy: str) -> str:
@@ -80,7 +108,12 @@ def jobs_for(
             return PRODUCT.name
         return (presets or {}).get(dataset, PRODUCT.name)
 
-    return [Job(d, p, s, rounds, preset(d, p)) for d in datasets for s in seeds for p in policies]
+    return [
+        Job(d, p, s, rounds, preset(d, p), (learners or {}).get(d, ""))
+        for d in datasets
+        for s in seeds
+        for p in policies
+    ]
 
 
 @lru_cache(maxsize=4)
@@ -99,26 +132,35 @@ def run_job(
 ) -> Path:
     """Run one job and write its file (in a worker process or in-process); `file` is the
     user's classification file when the job's data set is it."""
-    from replay.policies import build_policy, configuration, resolve_preset
-
     bandit = _bandit(job.bandit if file is None else file, data_dir)
+    policy, config = _policy(job, bandit, torch.device(device))
     stream = bandit.stream(job.rounds, job.seed)
-    preset = get_preset(job.preset)
-    policy = build_policy(
-        job.policy,
-        bandit.context_dim,
-        bandit.n_arms,
-        job.seed,
-        torch.device(device),
-        preset=preset,
-    )
-    config = configuration(policy, resolve_preset(job.policy, preset))
     result: RunResult = simulate(
         policy, stream, bandit=job.bandit, policy_name=job.policy, seed=job.seed, config=config
     )
     path = job.path(out)
     result.save(path)
     return path
+
+
+def _policy(job: Job, bandit: Bandit, device: torch.device) -> tuple[Policy, dict[str, Any]]:
+    """The job's policy, on its learner or preset, and the configuration it records."""
+    from replay.learners import get_learner
+    from replay.policies import build_policy, configuration, resolve_learner, resolve_preset
+
+    shape, arms = bandit.context_shape, bandit.n_arms
+    if job.learner:
+        if job.preset != PRODUCT.name:
+            raise ValueError(f"{job.bandit} runs learner {job.learner}; a preset does not apply")
+        learner = get_learner(job.learner)
+        learner.check(job.bandit, shape, arms)
+        policy = build_policy(
+            job.policy, bandit.context_dim, arms, job.seed, device, learner=learner
+        )
+        return policy, configuration(policy, resolve_learner(job.policy, learner) or learner)
+    preset = get_preset(job.preset)
+    policy = build_policy(job.policy, bandit.context_dim, arms, job.seed, device, preset=preset)
+    return policy, configuration(policy, resolve_preset(job.policy, preset))
 
 
 PR_SET_PDEATHSIG = 1  # prctl(2)

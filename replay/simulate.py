@@ -3,7 +3,8 @@
 Rounds 0 .. warm_start * A - 1 pull the arms round robin (counted in the regret, and fed
 to the policy); afterwards the policy chooses. Regret per round is measured against the
 round's best arm, realised (max_a r_t(a) - r_t(a_t)) and expected (pseudo-regret,
-max_a mu_t(a) - mu_t(a_t)).
+max_a mu_t(a) - mu_t(a_t)). Each round also records the exploration bonus of the chosen
+arm, from the scores the policy chose by (`Decision.scores.bonus`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ class RunResult:
     # What ran: the policy's class, network and settings (`replay.policies.configuration`);
     # None in files written before 2026-11-25, which recorded none.
     config: dict[str, Any] | None = None
+    # (T,) float64 exploration bonus of the chosen arm in each round: NaN in the warm-start
+    # rounds, +inf on a cold start, 0 for a policy without one (Greedy), a sampled deviation
+    # for Thompson policies; None in files written before 2026-11-27, which recorded none.
+    bonus: np.ndarray | None = None
 
     @property
     def rounds(self) -> int:
@@ -72,13 +77,11 @@ class RunResult:
             "config": self.config,
         }
         partial = path.with_name(path.name + ".partial.npz")
-        np.savez_compressed(
-            partial,
-            arms=self.arms,
-            regret=self.regret,
-            pseudo_regret=self.pseudo_regret,
-            meta=np.array(json.dumps(meta)),
-        )
+        arrays = {"arms": self.arms, "regret": self.regret, "pseudo_regret": self.pseudo_regret}
+        if self.bonus is not None:
+            arrays["bonus"] = self.bonus
+        arrays["meta"] = np.array(json.dumps(meta))
+        np.savez_compressed(partial, allow_pickle=False, **arrays)
         partial.replace(path)
 
     @classmethod
@@ -95,6 +98,7 @@ class RunResult:
                 archive["pseudo_regret"],
                 float(meta["seconds"]),
                 meta.get("config"),
+                archive["bonus"] if "bonus" in archive.files else None,
             )
 
 
@@ -113,10 +117,16 @@ def simulate(
     n_arms = stream.rewards.shape[1]
     contexts = torch.from_numpy(stream.contexts)
     arms = np.empty(stream.rounds, dtype=np.int64)
+    bonus = np.full(stream.rounds, np.nan)
     started = time.perf_counter()
     for t in range(stream.rounds):
-        x = contexts[t : t + 1]  # (1, D)
-        arm = t % n_arms if t < warm_start * n_arms else int(policy.select(x).arms[0])
+        x = contexts[t : t + 1]  # (1, *context_shape)
+        if t < warm_start * n_arms:
+            arm = t % n_arms
+        else:
+            decision = policy.select(x)
+            arm = int(decision.arms[0])
+            bonus[t] = float(decision.scores.bonus[0, arm])
         arms[t] = arm
         reward = torch.tensor([stream.rewards[t, arm]], dtype=torch.float32)
         policy.update(Transitions(x, torch.tensor([arm]), reward))
@@ -127,4 +137,4 @@ def simulate(
     regret = stream.rewards.max(axis=1) - stream.rewards[rows, arms]
     pseudo = stream.means.max(axis=1) - stream.means[rows, arms]
     name = policy_name or getattr(policy, "name", "")
-    return RunResult(bandit, name, seed, arms, regret, pseudo, seconds, config)
+    return RunResult(bandit, name, seed, arms, regret, pseudo, seconds, config, bonus)

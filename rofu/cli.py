@@ -1,6 +1,6 @@
 """The `rofu` command: the service's commands, the replay harness and the benchmarks.
 
-`service` owns serve, migrate, trainer, pin and unpin and imports neither `replay` nor
+`service` owns serve, migrate, trainer, pin, unpin and export and imports neither `replay` nor
 `benchmarks`; they are imported here only when their command runs, so an image installed
 without the `replay` extra still serves, and says what to install when asked to replay.
 """
@@ -20,6 +20,7 @@ REPLAY_EXTRA = ("scipy", "matplotlib", "pandas", "tqdm", "httpx")
 HARNESS = {
     "replay": ("replay.cli", "main"),
     "ope": ("replay.cli", "ope_main"),
+    "evaluate": ("replay.evaluate", "main"),
 }
 BENCHMARKS = {
     "kernel": ("benchmarks.kernel", "the ROFU scoring kernel, side by side"),
@@ -37,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands.add_parser(
         "ope", add_help=False, help="off-policy evaluation on the Open Bandit Dataset sample"
+    )
+    commands.add_parser(
+        "evaluate",
+        add_help=False,
+        help="off-policy estimates of the served model and alternatives on the service's log",
     )
     bench = commands.add_parser(
         "bench",

@@ -16,8 +16,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
   say "2/3 installing torch 2.13.0 (the CPU wheel; about a minute)"
   .venv/bin/python -m pip install --quiet torch==2.13.0
-  say "3/3 installing rofu with its dev, replay and vw extras (about a minute)"
-  .venv/bin/python -m pip install --quiet -e '.[dev,replay,vw]'
+  say "3/3 installing rofu with its dev, replay, vw and export extras (about a minute)"
+  .venv/bin/python -m pip install --quiet -e '.[dev,replay,vw,export]'
   touch "$stamp"
   say "done"
 fi

@@ -21,7 +21,7 @@ from service.db.faults import DatabaseFaults, as_unavailable, is_outage
 from service.deps import ClientAuth
 from service.errors import ServiceError, Unavailable, error_response
 from service.middleware import BodyLimitMiddleware, MetricsMiddleware
-from service.routes import admin, arms, health, metrics, model, reward, select
+from service.routes import admin, arms, decisions, health, metrics, model, reward, select
 from service.runtime import Runtime
 from service.settings import Settings, get_settings
 
@@ -57,6 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         reward.router,
         arms.router,
         model.router,
+        decisions.router,
         admin.router,
         health.router,
         metrics.router,

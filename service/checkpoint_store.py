@@ -52,9 +52,11 @@ class CheckpointStore:
         consumed: list[str],
         newest: int | None = None,
         parent: int | None = None,
+        unrewarded: list[str] | None = None,
     ) -> CheckpointRow:
         """Write the blob, then commit its row and claim the consumed decisions together
-        (`repository.commit_checkpoint`, which checks `newest` and `parent`).
+        (`repository.commit_checkpoint`, which checks `newest` and `parent`, and flags
+        late the rewards that arrived meanwhile for the `unrewarded` ones).
 
         File names carry the checksum, so nothing is ever overwritten: a crash (or a
         second trainer losing its claim) leaves at most an orphan file, and the decisions
@@ -74,7 +76,14 @@ class CheckpointStore:
             rows_trained=rows_trained,
             n_total=n_total,
         )
-        repository.commit_checkpoint(self._sessions, row, consumed, newest=newest, parent=parent)
+        repository.commit_checkpoint(
+            self._sessions,
+            row,
+            consumed,
+            newest=newest,
+            parent=parent,
+            unrewarded=unrewarded or (),
+        )
         return row
 
     def _write_file(self, version: int, blob: bytes) -> Path:

@@ -1,7 +1,8 @@
-"""The service's commands: serve, migrate, trainer, pin and unpin.
+"""The service's commands: serve, migrate, trainer, pin, unpin and export.
 
-`rofu.cli` dispatches them (and the harness's replay, ope and bench, which this package never
-imports); `python -m service.cli` runs them alone, in an image installed without the harness.
+`rofu.cli` dispatches them (and the harness's replay, ope, evaluate and bench, which this
+package never imports); `python -m service.cli` runs them alone, in an image installed
+without the harness.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import faulthandler
 import logging
 import os
 import sys
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from service.settings import get_settings
@@ -132,7 +135,24 @@ def _pin(args: argparse.Namespace) -> int:
     return 0
 
 
-SERVICE_COMMANDS = ("serve", "migrate", "trainer", "pin", "unpin")
+def _export(args: argparse.Namespace) -> int:
+    from service import export
+
+    return export.run(get_settings(), args)
+
+
+def moment(text: str) -> datetime:
+    """An ISO 8601 date or time from the command line; without an offset it is UTC."""
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an ISO 8601 date or time (e.g. 2026-11-25 or 2026-11-25T12:00Z)"
+        ) from None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+SERVICE_COMMANDS = ("serve", "migrate", "trainer", "pin", "unpin", "export")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
@@ -159,6 +179,26 @@ def add_commands(commands: Any) -> None:
     pin = commands.add_parser("pin", help="roll back: serve a stored checkpoint version")
     pin.add_argument("version", type=int, nargs="?", help="version to serve (omit: show the pin)")
     commands.add_parser("unpin", help="serve the newest checkpoint again")
+    _add_export(commands)
+
+
+def _add_export(commands: Any) -> None:
+    export = commands.add_parser(
+        "export",
+        help="write the decision log with rewards: VW DSJSON, OBP arrays (.npz) or Parquet",
+    )
+    export.add_argument("--format", required=True, choices=("dsjson", "obp", "parquet"))
+    export.add_argument("--since", type=moment, help="decisions made at this time or later")
+    export.add_argument("--until", type=moment, help="decisions made before this time")
+    export.add_argument(
+        "--out", type=Path, help="the file to write (dsjson without it: standard output)"
+    )
+    export.add_argument(
+        "--default-reward",
+        type=float,
+        help="obp: the reward of decisions that got none (default ROFU_DEFAULT_REWARD; "
+        "unset: they are left out)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -169,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
         "trainer": _trainer,
         "pin": _pin,
         "unpin": _pin,
+        "export": _export,
     }
     return handlers[args.command](args)
 

@@ -108,7 +108,8 @@ class DecisionBatch:
             except InvalidInput as exc:
                 results[i] = exc
                 continue
-            jobs[i] = SelectJob(tuple(body.context), tuple(candidates), body.explore)
+            event_id = body.event_id or uuid.uuid4().hex  # the draw derives from it
+            jobs[i] = SelectJob(event_id, tuple(body.context), tuple(candidates), body.explore)
         return jobs
 
     def _score(
@@ -185,12 +186,13 @@ def _replay(stored: DecisionRow, digest: str) -> Result:
 def _row(pending: Pending, job: SelectJob, outcome: SelectOutcome) -> DecisionRow:
     scores = [dataclasses.asdict(score) for score in outcome.scores]  # candidates' order
     return DecisionRow(
-        event_id=pending.body.event_id or uuid.uuid4().hex,
+        event_id=job.event_id,
         context=list(job.context),
         candidates=[arm.id for arm in job.candidates],
         arm_id=outcome.arm.id,
         slot=outcome.arm.slot,
         propensity=outcome.propensity,
+        probabilities=outcome.probabilities,
         model_version=outcome.model_version,
         explore=job.explore,
         policy=outcome.policy,

@@ -16,7 +16,7 @@ from service.deadline import within
 from service.decision_batch import Pending, Result
 from service.errors import InvalidInput
 from service.metrics import ServiceMetrics
-from service.schemas import SelectRequest, SelectResponse
+from service.schemas import ArmProbability, SelectRequest, SelectResponse
 from service.settings import Settings
 
 
@@ -88,4 +88,10 @@ def response(row: DecisionRow) -> SelectResponse:
         explore=row.explore,
         policy=row.policy,
         scores=stored_scores(row),
+        probabilities=None
+        if row.probabilities is None
+        else [
+            ArmProbability(arm=arm, probability=p)
+            for arm, p in zip(row.candidates, row.probabilities, strict=True)
+        ],
     )

@@ -44,7 +44,8 @@ class ServiceMetrics:
         )
         self.rewards = Counter(
             "rofu_rewards_total",
-            "Reward posts by outcome (accepted, duplicate, conflict, unknown_event)",
+            "Reward posts by outcome (accepted, late: stored but never trained on, duplicate, "
+            "conflict, unknown_event)",
             ["outcome"],
             registry=r,
         )

@@ -55,8 +55,15 @@ class SelectRequest(_Strict):
     )
 
 
+class ArmProbability(BaseModel):
+    """The probability with which the service's rule picks one candidate."""
+
+    arm: str
+    probability: float
+
+
 class SelectResponse(BaseModel):
-    """The decision, and the scores it was made from."""
+    """The decision, the scores it was made from and every candidate's probability."""
 
     event_id: str
     arm: str
@@ -65,6 +72,12 @@ class SelectResponse(BaseModel):
     explore: bool
     policy: str = Field(description="`rofu`, or `cold-start` (uniform) before any model")
     scores: list[ArmScore]  # per candidate; mean, bonus and ucb null on a cold start
+    probabilities: list[ArmProbability] | None = Field(
+        default=None,
+        description="Per candidate, in the order of `scores`: the exact probability with "
+        "which the rule picks it (the chosen arm's is `propensity`); null for decisions "
+        "logged before probabilities were stored",
+    )
 
 
 class RewardRequest(_Strict):
@@ -80,6 +93,11 @@ class RewardResponse(BaseModel):
     event_id: str
     value: float
     duplicate: bool
+    late: bool = Field(
+        default=False,
+        description="The reward came after the decision's window closed or after a "
+        "checkpoint consumed the decision: stored, but never trained on",
+    )
 
 
 class ArmRequest(_Strict):

@@ -1,7 +1,18 @@
-"""Scoring a micro-batch of /select requests with ROFU from the served snapshot."""
+"""Scoring a micro-batch of /select requests with ROFU from the served snapshot.
+
+A request's scores depend only on the served version, its candidates and its context:
+every random number of the estimator (the regulariser's minibatches) comes from the
+checkpoint's own generator, drawn afresh for every call, so batch mates and earlier
+calls change nothing. The choice is random only where the selection rule says so (ties,
+the exploration floor, inverse-gap weighting), and its draw is one uniform number per
+event, derived from the seed and the event id (`event_uniform`): the logged
+probabilities are exactly those the draw used, and the draw can be recomputed from the
+log.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 
@@ -22,15 +33,24 @@ ROFU = "rofu"
 
 
 def checkpoint_generator(seed: int, version: int) -> torch.Generator:
-    """The generator a checkpoint's NTK basis draws its minibatches from: the same for
-    every replica serving that version."""
+    """A fresh generator for a checkpoint's minibatches (the NTK basis's, or each exact
+    call's): the same for every call and every replica serving that version."""
     return torch.Generator().manual_seed(seed * 1_000_003 + version)
+
+
+def event_uniform(seed: int, event_id: str) -> float:
+    """The uniform number in [0, 1) that draws the arm of event `event_id`: 53 bits of
+    SHA-256(seed, event id), so distinct events draw independently of each other, of
+    their batch mates and of the replica."""
+    digest = hashlib.sha256(f"{seed}:{event_id}".encode()).digest()
+    return (int.from_bytes(digest[:8], "big") >> 11) / 2.0**53
 
 
 @dataclass(frozen=True)
 class SelectJob:
-    """One validated /select request."""
+    """One validated /select request, with the event id its decision is stored under."""
 
+    event_id: str
     context: tuple[float, ...]
     candidates: tuple[Arm, ...]
     explore: bool
@@ -41,10 +61,11 @@ class SelectOutcome:
     """The choice for one job and what it was made from."""
 
     arm: Arm
-    propensity: float
+    propensity: float  # probabilities[arm's position]
     model_version: int
     policy: str
     scores: list[ArmScore]  # per candidate, in the job's order (unscored on a cold start)
+    probabilities: list[float]  # per candidate, in the job's order; they sum to 1
 
 
 class Scorer:
@@ -65,7 +86,6 @@ class Scorer:
         self._config = config
         self._arm_feature_dim = arm_feature_dim
         self._seed = seed
-        self._generator = torch.Generator().manual_seed(seed)
         self._cuda_graphs = cuda_graphs
         # Built once per checkpoint and arm feature table: the NTK basis, or CUDA graphs.
         self._cache: tuple[tuple[str, bytes] | None, object | None] = (None, None)
@@ -84,8 +104,10 @@ class Scorer:
         mask = torch.zeros(len(jobs), n_slots or catalogue.n_slots, dtype=torch.bool)
         for row, job in enumerate(jobs):
             mask[row, [arm.slot for arm in job.candidates]] = True
+        uniforms = torch.tensor([event_uniform(self._seed, job.event_id) for job in jobs])
+        rule = self._config.rule
         if snapshot is None:
-            decision = rofu_decide(None, mask, self._generator)
+            decision = rofu_decide(None, mask, None, rule=rule, uniforms=uniforms)
             return [self._outcome(job, decision, row, None, 0) for row, job in enumerate(jobs)]
         device = next(snapshot.net.parameters()).device
         features = None
@@ -97,7 +119,7 @@ class Scorer:
         scores = Scores(raw.mean.cpu().double(), raw.bonus.cpu().double())
         finite = ((torch.isfinite(scores.mean) & torch.isfinite(scores.bonus)) | ~mask).all(1)
         explore = torch.tensor([job.explore for job in jobs])
-        decision = rofu_decide(scores, mask, self._generator, explore=explore)
+        decision = rofu_decide(scores, mask, None, explore=explore, rule=rule, uniforms=uniforms)
         return [
             self._outcome(job, decision, row, scores, snapshot.version)
             if bool(finite[row])
@@ -113,9 +135,10 @@ class Scorer:
         features: torch.Tensor | None,
     ) -> Scores:
         graphed = self._graphed(snapshot, features)
+        generator = checkpoint_generator(self._seed, snapshot.version)  # used by `exact`
         if graphed is not None:
             try:
-                return graphed(contexts, self._generator, mask)
+                return graphed(contexts, generator, mask)
             except RuntimeError:  # e.g. a capture the driver refuses: stay eager for it
                 log.warning("CUDA graph replay failed; scoring eagerly", exc_info=True)
                 self._cache = (self._cache[0], None)
@@ -124,7 +147,7 @@ class Scorer:
             contexts,
             snapshot.data,
             self._config,
-            self._generator,
+            generator,
             candidates=mask,
             arm_features=features,
             basis=self.basis(snapshot, features),
@@ -173,6 +196,8 @@ class Scorer:
         """Job `row`'s choice; scores None on a cold start."""
         by_slot = {arm.slot: arm for arm in job.candidates}
         slots = [(arm.slot, arm.id) for arm in job.candidates]
+        assert decision.probabilities is not None  # rofu_decide computes them
+        probabilities = decision.probabilities[row].tolist()
         return SelectOutcome(
             arm=by_slot[int(decision.arms[row])],
             propensity=float(decision.propensity[row]),
@@ -181,4 +206,5 @@ class Scorer:
             scores=[ArmScore.unscored(arm) for _, arm in slots]
             if scores is None
             else scores.per_arm(row, slots),
+            probabilities=[probabilities[slot] for slot, _ in slots],
         )

@@ -83,6 +83,13 @@ class Settings(BaseSettings):
     bonus_scale: Annotated[float, Field(ge=0, allow_inf_nan=False)] = PRODUCT.rofu.bonus_scale
     baseline: Literal["start", "drift"] = "drift"
     estimator: Literal["exact", "ntk"] = "ntk"
+    # The selection rule (models.selection): argmax of the UCBs (ties uniform) or
+    # inverse-gap weighting over them (igw_gamma: an arm gap below the best UCB gets
+    # 1 / (K + gamma gap)), mixed with a uniform choice of weight exploration_floor.
+    # Every response and decision row carries the exact probabilities.
+    selection: Literal["argmax", "igw"] = "argmax"
+    exploration_floor: Annotated[float, Field(ge=0, le=1)] = PRODUCT.rofu.exploration_floor
+    igw_gamma: Annotated[float, Field(ge=0, allow_inf_nan=False)] = PRODUCT.rofu.igw_gamma
     # With `exact` on a CUDA device: replay the estimator from CUDA graphs captured per
     # batch-size bucket (models.rofu_graphs); false: launch its kernels one by one.
     cuda_graphs: bool = True
@@ -262,6 +269,9 @@ class Settings(BaseSettings):
             bonus_scale=self.bonus_scale,
             baseline=self.baseline,
             estimator=self.estimator,
+            selection=self.selection,
+            exploration_floor=self.exploration_floor,
+            igw_gamma=self.igw_gamma,
         )
 
     def fit_config(self, new_rows: int = 0) -> FitConfig:
@@ -336,6 +346,9 @@ def preset_settings(preset: RofuPreset) -> dict[str, Any]:
                 "bonus_scale",
                 "baseline",
                 "estimator",
+                "selection",
+                "exploration_floor",
+                "igw_gamma",
             )
         },
         "fit_steps_per_row": preset.fit_steps_per_row,

@@ -11,10 +11,12 @@ optimizer steps per new row (`Settings.fit_config`), and with `fit_persist` cont
 optimizer while it continues the checkpoint it published last.
 
 Reward-window rule: a decision is consumed once `reward_window_seconds` have passed since
-it was made. If its reward arrived by then it is trained on; if not, it is trained on
-with `default_reward` when that is set, and otherwise excluded (consumed, never trained
-on). A reward that arrives after its decision was consumed is stored but not trained on.
-This keeps arms with slow feedback on an equal footing with fast ones.
+it was made. If its reward arrived within the window it is trained on; if not, it is
+trained on with `default_reward` when that is set, and otherwise excluded (consumed,
+never trained on). A reward that arrives after the window closed, or after its decision
+was consumed, is stored flagged `late` and never trained on (with a window of 0, only
+the latter): what a checkpoint learns does not depend on when the trainer happened to
+run. This keeps arms with slow feedback on an equal footing with fast ones.
 """
 
 from __future__ import annotations
@@ -92,6 +94,11 @@ class _Run:
     def version(self) -> int:
         """The version this run stores: versions are never reused."""
         return self.newest + 1
+
+    @property
+    def unrewarded(self) -> list[str]:
+        """The decisions read without a reward: one posted since is late."""
+        return [row.event_id for row in self.rows if row.reward is None]
 
 
 class Trainer:
@@ -267,6 +274,7 @@ class Trainer:
             consumed=[row.event_id for row in run.rows],
             newest=run.newest,
             parent=run.parent,
+            unrewarded=run.unrewarded,
         )
         self._announce(run.version, blob)
         report = self._report(run.version, run, metrics["loss"])
@@ -285,7 +293,8 @@ class Trainer:
     def _consume_untrained(self, run: _Run) -> TrainReport:
         """Claim rows that give nothing to train on (no reward, no default) for the parent:
         no new version is stored or published."""
-        repository.mark_consumed(self._sessions, [row.event_id for row in run.rows], run.parent)
+        consumed = [row.event_id for row in run.rows]
+        repository.mark_consumed(self._sessions, consumed, run.parent, run.unrewarded)
         report = self._report(run.parent, run, None)
         self._record(report)
         return report

@@ -274,3 +274,54 @@ def private_redis(
         yield f"redis://127.0.0.1:{port}/0", stop, start
     finally:
         stop()
+
+
+def migration_0004_round_trip(url: str) -> None:
+    """Upgrade a database at 0003 with a decision and a reward to head, then down to 0003
+    and up again: the new columns come with their defaults, go, and come back; rows stay."""
+    from sqlalchemy import inspect, text
+
+    from service import migrate
+    from service.db.engine import make_engine
+
+    migrate.upgrade(url, "0003")
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "insert into decisions (event_id, created_at, context, candidates, arm_id,"
+                    " slot, propensity, model_version, explore, policy, scores, request_hash)"
+                    " values ('m-1', '2026-01-01 00:00:00+00:00', '[0.0]', '[\"arm-0\"]',"
+                    " 'arm-0', 0, 1.0, 0, true, 'cold-start', '[]', 'h')"
+                )
+            )
+            connection.execute(
+                text(
+                    "insert into rewards (event_id, value, received_at, repeats)"
+                    " values ('m-1', 1.0, '2026-01-01 00:00:01+00:00', 0)"
+                )
+            )
+
+        def columns(table: str) -> set[str]:
+            return {column["name"] for column in inspect(engine).get_columns(table)}
+
+        for step in ("head", "0003", "head"):
+            (migrate.upgrade if step == "head" else migrate.downgrade)(url, step)
+            engine.dispose()  # SQLite's rebuilt tables: read the schema afresh
+            present = step == "head"
+            assert ("probabilities" in columns("decisions")) is present
+            assert ("late" in columns("rewards")) is present
+            with engine.connect() as connection:
+                assert connection.execute(text("select count(*) from rewards")).scalar() == 1
+                if present:
+                    query = (
+                        "select probabilities, late from decisions join rewards using (event_id)"
+                    )
+                    row = connection.execute(text(query)).one()
+                    assert row[0] is None
+                    assert not row[1]
+        index_names = {index["name"] for index in inspect(engine).get_indexes("decisions")}
+        assert "ix_decisions_untrained" in index_names
+    finally:
+        engine.dispose()

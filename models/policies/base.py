@@ -2,9 +2,10 @@
 
 Every policy scores each candidate arm as mean + bonus (`Scores`); the arm is the argmax
 of that sum, ties broken uniformly at random, so argmax, propensity and logging are
-shared. ROFU's rule (`rofu_decide`) adds its cold start and the per-context choice not to
-explore. Thompson policies put a sampled deviation in `bonus` and estimate their
-propensity by re-sampling (`sampled_propensity`).
+shared. ROFU's rule (`rofu_decide`) adds its cold start, the per-context choice not to
+explore and the selection rule of `models.selection` (exploration floor, inverse-gap
+weighting), with every candidate's exact probability. Thompson policies put a sampled
+deviation in `bonus` and estimate their propensity by re-sampling (`sampled_propensity`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch import Tensor
 
 from models.data import Transitions
 from models.scores import Decision, Scores
+from models.selection import ARGMAX, SelectionRule, choice_probabilities, draw_arms
 from models.validation import check_context_batch, check_index_tensor, check_mask_tensor
 
 
@@ -97,31 +99,55 @@ def cold_start_scores(candidates: Tensor) -> Scores:
 def rofu_decide(
     scores: Scores | None,
     candidates: Tensor,
-    generator: torch.Generator,
+    generator: torch.Generator | None,
     *,
     explore: Tensor | None = None,
+    rule: SelectionRule = ARGMAX,
+    uniforms: Tensor | None = None,
 ) -> Decision:
     """ROFU's decision rule, the one the service and `RofuPolicy` both apply.
 
     A cold start (no trained model, or no data to measure its uncertainty against) gives
     every candidate an upper bound of +inf, so the choice is uniform, propensity 1 / K.
-    Otherwise the argmax of mean + bonus over the candidates (of the mean alone for a
-    context that asked not to explore), ties broken uniformly, propensity 1 / (ties).
+    Otherwise `rule` (`models.selection`) turns mean + bonus over the candidates (the mean
+    alone for a context that asked not to explore, which takes the argmax) into exact
+    choice probabilities: the argmax with ties uniform, or inverse-gap weighting, mixed
+    with a uniform choice of weight `rule.exploration_floor`. The returned propensity is
+    the chosen arm's probability, and `probabilities` holds every arm's.
 
     Args:
         scores: (B, A) means and bonuses from `rofu_scores`, or None when there is no
             trained model or no data to measure its uncertainty against.
         candidates: (B, A) bool, the arms each context may get.
-        generator: draws tie-breaks.
+        generator: draws the choice when `uniforms` is None.
         explore: (B,) bool; False ranks that context's candidates by the mean alone.
             None: every context explores.
+        rule: the selection rule (default: argmax, no floor).
+        uniforms: (B,) numbers in [0, 1), one per context, that the draw uses instead of
+            the generator (the service derives them from each event's id).
+
+    Raises:
+        ValueError: neither a generator nor uniforms.
     """
     if scores is None:
-        return greedy_decision(cold_start_scores(candidates), candidates, generator)
+        scores = cold_start_scores(candidates)
     mean, bonus = scores.mean.detach().cpu(), scores.bonus.detach().cpu()
     if explore is not None:
         bonus = torch.where(explore.cpu()[:, None], bonus, torch.zeros_like(bonus))
-    return greedy_decision(Scores(mean, bonus), candidates, generator)
+    values = mean + bonus  # (B, A)
+    mask = candidates.cpu()
+    probabilities = choice_probabilities(values, mask, rule, explore)  # (B, A)
+    if uniforms is None and generator is None:
+        raise ValueError("rofu_decide needs a generator or uniforms to draw from")
+    if uniforms is None and not rule.randomises:
+        assert generator is not None
+        arms, _ = argmax_arms(values, mask, generator)  # the tie-break stream replays keep
+    else:
+        if uniforms is None:
+            uniforms = torch.rand(mask.shape[0], generator=generator, dtype=torch.float64)
+        arms = draw_arms(probabilities, uniforms.cpu())
+    propensity = probabilities.gather(1, arms[:, None]).squeeze(1)  # (B,)
+    return Decision(arms, propensity, masked(Scores(mean, bonus), mask), probabilities)
 
 
 def epsilon_decision(

@@ -231,8 +231,9 @@ class RofuPolicy(NeuralPolicy[RofuConfig]):
     """Regularised OFU (Zhou et al. 2021, Alg. 2) on the policy's own data buffer.
 
     Params: a `RofuConfig`. Defaults: the product preset's estimator and schedule
-    (`models.presets.PRODUCT`). Decisions follow `rofu_decide`, as the service's do: with
-    no data yet the choice is uniform. With the `ntk` estimator the basis is prepared once
+    (`models.presets.PRODUCT`). Decisions follow `rofu_decide` with the params' selection
+    rule (`RofuConfig.rule`: argmax or igw, and the exploration floor), as the service's
+    do: with no data yet the choice is uniform. With the `ntk` estimator the basis is prepared once
     per refit (per checkpoint, as the service does), from the rows held then; |D| and the
     arm counts stay current.
     """
@@ -256,10 +257,10 @@ class RofuPolicy(NeuralPolicy[RofuConfig]):
         return super().train()
 
     def select(self, contexts: Tensor, candidates: Tensor | None = None) -> Decision:
-        """Argmax of the ROFU upper confidence bound (`rofu_decide`)."""
+        """ROFU's rule on the upper confidence bounds (`rofu_decide`); exact propensities."""
         contexts, mask = self._prepare(contexts, candidates)
         if len(self.buffer) == 0:
-            return rofu_decide(None, mask, self.generator)
+            return rofu_decide(None, mask, self.generator, rule=self.rofu.rule)
         data = self.buffer.regulariser_data(self.n_arms)
         if self.rofu.estimator == "ntk" and self._basis is None:
             self._basis = ntk_basis(
@@ -275,7 +276,7 @@ class RofuPolicy(NeuralPolicy[RofuConfig]):
             arm_features=self.arm_features,
             basis=self._basis,
         )
-        return rofu_decide(scores, mask, self.generator)
+        return rofu_decide(scores, mask, self.generator, rule=self.rofu.rule)
 
 
 #: NeuralUCB's official code (uclaml/NeuralUCB, train.py and learner_diag.py): one hidden

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import CursorResult, func, select, update
+from sqlalchemy import CursorResult, and_, func, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, defer
@@ -88,18 +88,26 @@ def save_decision(sessions: SessionFactory, row: DecisionRow) -> tuple[DecisionR
 
 @dataclass(frozen=True)
 class RewardOutcome:
-    """What /reward reports: the stored value and whether this post was a repeat."""
+    """What /reward reports: the stored value, whether this post was a repeat, and
+    whether the stored reward is late (never trained on)."""
 
     event_id: str
     value: float
     duplicate: bool
+    late: bool
 
 
-def attach_reward(sessions: SessionFactory, event_id: str, value: float) -> RewardOutcome:
+def attach_reward(
+    sessions: SessionFactory, event_id: str, value: float, window_seconds: float = 0.0
+) -> RewardOutcome:
     """Store the reward of a decision; durable once this returns.
 
     The first value wins: a repeat with the same value is counted as a duplicate (never
-    a second reward); a repeat with a different value raises `Conflict`.
+    a second reward); a repeat with a different value raises `Conflict`. A first reward
+    is stored `late` when its decision was already consumed by a checkpoint, or when
+    more than `window_seconds` (> 0) have passed since the decision: the trainer never
+    trains on it. (With a window of 0 the trainer takes a decision at its next run, and
+    a reward is late only once that run consumed it.)
 
     Raises:
         NotFound: no decision has this event id.
@@ -107,21 +115,25 @@ def attach_reward(sessions: SessionFactory, event_id: str, value: float) -> Rewa
     """
     for attempt in range(2):
         try:
-            return _transaction(sessions, lambda s: _attach(s, event_id, value))
+            return _transaction(sessions, lambda s: _attach(s, event_id, value, window_seconds))
         except IntegrityError:  # a concurrent first reward committed between our read and write
             if attempt:
                 raise
     raise AssertionError("unreachable")
 
 
-def _attach(session: Session, event_id: str, value: float) -> RewardOutcome:
-    if session.get(DecisionRow, event_id) is None:
+def _attach(session: Session, event_id: str, value: float, window_seconds: float) -> RewardOutcome:
+    # Locked (Postgres) so that a trainer's claim on the decision either comes first, and
+    # is seen here, or waits and then sees this reward (`_claim`).
+    decision = session.get(DecisionRow, event_id, with_for_update=True)
+    if decision is None:
         raise NotFound(f"no decision with event_id {event_id!r}", field="event_id")
     stored = session.scalar(select(RewardRow).where(RewardRow.event_id == event_id))
     if stored is None:
-        session.add(RewardRow(event_id=event_id, value=value))
+        late = _is_late(decision, window_seconds)
+        session.add(RewardRow(event_id=event_id, value=value, late=late))
         session.flush()
-        return RewardOutcome(event_id, value, duplicate=False)
+        return RewardOutcome(event_id, value, duplicate=False, late=late)
     if stored.value != value:
         raise Conflict(
             f"event {event_id!r} already has reward {stored.value}; the first value wins",
@@ -132,7 +144,15 @@ def _attach(session: Session, event_id: str, value: float) -> RewardOutcome:
         .where(RewardRow.event_id == event_id)
         .values(repeats=RewardRow.repeats + 1)
     )
-    return RewardOutcome(event_id, stored.value, duplicate=True)
+    return RewardOutcome(event_id, stored.value, duplicate=True, late=stored.late)
+
+
+def _is_late(decision: DecisionRow, window_seconds: float) -> bool:
+    """Whether a reward arriving now misses its decision's training."""
+    if decision.trained_in is not None:
+        return True
+    closed = decision.created_at + timedelta(seconds=window_seconds)
+    return window_seconds > 0 and utcnow() > closed
 
 
 def count_rewards(sessions: SessionFactory) -> int:
@@ -261,12 +281,14 @@ class TrainingRow:
 def closed_decisions(
     sessions: SessionFactory, closed_before: datetime, limit: int
 ) -> list[TrainingRow]:
-    """Untrained decisions made before `closed_before`, oldest first."""
+    """Untrained decisions made before `closed_before`, oldest first, each with its
+    reward unless that is late (a late reward is never trained on)."""
 
     def work(session: Session) -> list[TrainingRow]:
+        on_time = and_(RewardRow.event_id == DecisionRow.event_id, RewardRow.late.is_(False))
         query = (
             select(DecisionRow, RewardRow.value)
-            .outerjoin(RewardRow, RewardRow.event_id == DecisionRow.event_id)
+            .outerjoin(RewardRow, on_time)
             .where(DecisionRow.trained_in.is_(None), DecisionRow.created_at <= closed_before)
             .order_by(DecisionRow.created_at, DecisionRow.event_id)
             .limit(limit)
@@ -290,12 +312,15 @@ def commit_checkpoint(
     *,
     newest: int | None = None,
     parent: int | None = None,
+    unrewarded: Sequence[str] = (),
 ) -> None:
     """Record a checkpoint and claim the decisions it consumed, in one transaction.
 
     The claim comes first, so on SQLite the transaction holds the write lock before it
     reads anything. With `newest`, the newest stored version must still be that one; with
     `parent`, that checkpoint must still be unquarantined (its row is locked on Postgres).
+    `unrewarded`: the consumed decisions the run read without a reward; one that has
+    a reward by now got it during the run, so it is marked late (never trained on).
 
     Raises:
         ClaimLost: a decision was consumed already, or another checkpoint was stored or
@@ -303,7 +328,7 @@ def commit_checkpoint(
     """
 
     def work(session: Session) -> None:
-        _claim(session, consumed, row.version)
+        _claim(session, consumed, row.version, unrewarded)
         stored = session.scalar(select(func.max(CheckpointRow.version)))
         if newest is not None and (stored or 0) != newest:
             raise ClaimLost(f"checkpoint {stored} was stored since this run read {newest}")
@@ -319,17 +344,29 @@ def commit_checkpoint(
         raise ClaimLost(f"checkpoint {row.version} is stored already") from exc
 
 
-def mark_consumed(sessions: SessionFactory, consumed: Sequence[str], version: int) -> None:
-    """Claim decisions as consumed by `version` without storing a checkpoint.
+def mark_consumed(
+    sessions: SessionFactory,
+    consumed: Sequence[str],
+    version: int,
+    unrewarded: Sequence[str] = (),
+) -> None:
+    """Claim decisions as consumed by `version` without storing a checkpoint (rewards of
+    `unrewarded` stored meanwhile become late, as in `commit_checkpoint`).
 
     Raises:
         ClaimLost: a decision was consumed already; none was marked.
     """
 
-    _transaction(sessions, lambda session: _claim(session, consumed, version))
+    _transaction(sessions, lambda session: _claim(session, consumed, version, unrewarded))
 
 
-def _claim(session: Session, consumed: Sequence[str], version: int) -> None:
+def _claim(
+    session: Session, consumed: Sequence[str], version: int, unrewarded: Sequence[str]
+) -> None:
+    """Mark the decisions consumed, then flag late the rewards that arrived for
+    `unrewarded` ones since the run read them. A reward post locks its decision
+    (`_attach`), so it either waits for this claim and sees it, or committed before the
+    second statement here, which then sees the reward."""
     claimed = 0
     for start in range(0, len(consumed), 500):
         chunk = list(consumed[start : start + 500])
@@ -343,6 +380,13 @@ def _claim(session: Session, consumed: Sequence[str], version: int) -> None:
         raise ClaimLost(
             f"{len(consumed) - claimed} of {len(consumed)} decisions were consumed by "
             "another training run"
+        )
+    for start in range(0, len(unrewarded), 500):
+        chunk = list(unrewarded[start : start + 500])
+        session.execute(
+            update(RewardRow)
+            .where(RewardRow.event_id.in_(chunk), RewardRow.late.is_(False))
+            .values(late=True)
         )
 
 

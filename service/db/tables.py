@@ -14,6 +14,7 @@ from sqlalchemy import (
     LargeBinary,
     String,
     TypeDecorator,
+    false,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -64,7 +65,10 @@ class DecisionRow(Base):
     """One /select answer: enough to replay it and to run off-policy evaluation."""
 
     __tablename__ = "decisions"
-    __table_args__ = (Index("ix_decisions_untrained", "trained_in", "created_at"),)
+    __table_args__ = (
+        Index("ix_decisions_untrained", "trained_in", "created_at"),
+        Index("ix_decisions_log_order", "created_at", "event_id"),  # the log's keyset pages
+    )
 
     event_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
@@ -73,6 +77,9 @@ class DecisionRow(Base):
     arm_id: Mapped[str] = mapped_column(String(128))
     slot: Mapped[int]
     propensity: Mapped[float]
+    # Per candidate, in `candidates` order, the probability with which the rule picked it
+    # (the chosen arm's is `propensity`); None on rows logged before 2026-12 (0004).
+    probabilities: Mapped[list[float] | None] = mapped_column(JSON, default=None)
     model_version: Mapped[int]
     explore: Mapped[bool]
     policy: Mapped[str] = mapped_column(String(32))
@@ -94,6 +101,9 @@ class RewardRow(Base):
     value: Mapped[float]
     received_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     repeats: Mapped[int] = mapped_column(default=0)
+    # Arrived after the decision's reward window closed, or after a checkpoint consumed
+    # the decision: stored, never trained on (service.trainer).
+    late: Mapped[bool] = mapped_column(default=False, server_default=false())
 
 
 class CheckpointRow(Base):

@@ -20,7 +20,8 @@ ERRORS = error_responses(400, 401, 403, 404, 409, 413, 422, 503)
 async def reward(
     body: RewardRequest, settings: SettingsDep, sessions: SessionsDep, metrics: MetricsDep
 ) -> RewardResponse:
-    """Attach a reward to a decision; durable before the 2xx; the first value wins."""
+    """Attach a reward to a decision; durable before the 2xx; the first value wins; one
+    after the decision's window is stored flagged `late`."""
     counter = metrics.rewards
     limit = settings.max_abs_reward
     if abs(body.value) > limit:
@@ -31,7 +32,13 @@ async def reward(
     try:
         outcome = await within(
             settings.request_deadline_seconds,
-            run_in_threadpool(repository.attach_reward, sessions, body.event_id, body.value),
+            run_in_threadpool(
+                repository.attach_reward,
+                sessions,
+                body.event_id,
+                body.value,
+                settings.reward_window_seconds,
+            ),
         )
     except NotFound:
         counter.labels("unknown_event").inc()
@@ -39,7 +46,17 @@ async def reward(
     except Conflict:
         counter.labels("conflict").inc()
         raise
-    counter.labels("duplicate" if outcome.duplicate else "accepted").inc()
+    counter.labels(_outcome(outcome)).inc()
     return RewardResponse(
-        event_id=outcome.event_id, value=outcome.value, duplicate=outcome.duplicate
+        event_id=outcome.event_id,
+        value=outcome.value,
+        duplicate=outcome.duplicate,
+        late=outcome.late,
     )
+
+
+def _outcome(outcome: repository.RewardOutcome) -> str:
+    """The metric's outcome: a repeat is a duplicate, late or not."""
+    if outcome.duplicate:
+        return "duplicate"
+    return "late" if outcome.late else "accepted"

@@ -64,7 +64,7 @@ CONTEXT_DIM = 8  # the demo's: the schema's example context has 8 values
 CLIENT_KEY = "fuzz-client-key-0123456789"
 ADMIN_KEY = "fuzz-admin-key-0123456789"
 KNOWN_EVENT = "order-1234"  # the schema's example event_id, so /reward examples find it
-ADMIN_PATHS = ("/v1/arms", "/v1/admin/")
+ADMIN_PATHS = ("/v1/arms", "/v1/admin/", "/v1/decisions")
 OPEN_PATHS = ("/healthz", "/readyz", "/metrics")
 WRITES = frozenset(
     {"POST /v1/select", "POST /v1/reward", "POST /v1/arms", "DELETE /v1/arms/{arm_id}"}
@@ -399,6 +399,7 @@ def test_fuzz_findings_stay_fixed(server: Server) -> None:
         ("/v1/arms", "post", {"400", "401", "403", "409", "422"}),
         ("/v1/model", "get", {"401"}),
         ("/v1/model/checkpoints", "get", {"401"}),
+        ("/v1/decisions", "get", {"401", "403", "422"}),
         ("/v1/admin/pin", "get", {"401", "403"}),
         ("/v1/admin/pin", "put", {"400", "401", "403", "404", "422"}),
         ("/v1/admin/pin", "delete", {"401", "403"}),

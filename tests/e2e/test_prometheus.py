@@ -7,7 +7,8 @@ model 0 and answers /readyz with 503 (a real 5xx, so the error-rate series exist
 Prometheus server of the test's own scrapes them every second under the job names of
 deploy/prometheus/prometheus.yml (rofu-api: both replicas; rofu-trainer) and loads
 deploy/prometheus/alerts.yml. After traffic (selects, rewards with duplicates, a conflict
-and an unknown event, bad requests) and two trainer runs, every expression of the Grafana
+and an unknown event, bad requests), two trainer runs and a late reward (for a decision
+the trainer consumed), every expression of the Grafana
 dashboard and every alert rule is sent to Prometheus's HTTP API: each must parse and
 return data; for an alert condition (`x > 0.05`, `absent(x)`) the comparison is removed
 and each operand must return data, while the full expression must still parse.
@@ -265,7 +266,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     # A replica whose network differs from the checkpoints': it refuses them all.
     canary_env = {**common, "ROFU_HIDDEN": "[8]", "ROFU_PORT": str(canary_port)}
     statuses: dict[str, list[int]] = {
-        k: [] for k in ("select", "reward", "duplicate", "conflict", "unknown", "bad", "canary")
+        k: []
+        for k in ("select", "reward", "duplicate", "conflict", "unknown", "bad", "canary", "late")
     }
     processes: list[subprocess.Popen[bytes]] = []
     with contextlib.ExitStack() as exits:
@@ -304,6 +306,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                     lambda v=version: client.get("/v1/model").json()["version"] >= v,
                     processes,
                 )
+            _post_late_reward(client, f"http://127.0.0.1:{trainer_port}", statuses, processes)
             _wait(
                 "every scrape target is up",
                 lambda: _targets_up(prometheus) == {"rofu-api": 2, "rofu-trainer": 1},
@@ -314,6 +317,29 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             for name in ("api", "canary", "trainer", "prometheus"):
                 print(f"--- {name}.log\n" + (root / f"{name}.log").read_text()[-3000:])
             raise
+
+
+def _consumed(trainer_url: str) -> float:
+    """Decisions the trainer has consumed so far (its rows counter, every use)."""
+    text = httpx.get(f"{trainer_url}/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("rofu_trainer_rows_total{")
+    )
+
+
+def _post_late_reward(
+    client: httpx.Client,
+    trainer_url: str,
+    statuses: dict[str, list[int]],
+    processes: list[subprocess.Popen[bytes]],
+) -> None:
+    """A reward for a round-1 decision that got none: once the trainer has consumed all 40
+    of round 1 (it takes them oldest first), the reward is late."""
+    _wait("the trainer consumed round 1", lambda: _consumed(trainer_url) >= 40, processes)
+    response = client.post("/v1/reward", json={"event_id": "r1-35", "value": 1.0})
+    statuses["late"].append(response.status_code if response.json().get("late") else -1)
 
 
 def _targets_up(prometheus: Prometheus) -> dict[str, int]:
@@ -349,6 +375,7 @@ def test_prometheus_traffic_was_as_intended(stack: Stack) -> None:
     assert s["unknown"] == [404, 404]
     assert sorted(set(s["bad"])) == [404, 422]
     assert set(s["canary"]) == {503}
+    assert s["late"] == [200]  # and the response said `late: true`
 
 
 def test_prometheus_every_dashboard_query_returns_data(stack: Stack) -> None:
@@ -422,8 +449,9 @@ def test_prometheus_queries_see_what_happened(stack: Stack) -> None:
         result = prometheus.query(expr)["data"]["result"]
         return float(result[0]["value"][1]) if result else float("nan")
 
-    outcomes = labels('sum by (outcome) (rofu_rewards_total{job="rofu-api"})', "outcome")
-    assert outcomes == {"accepted", "duplicate", "conflict", "unknown_event"}
+    expected = {"accepted", "duplicate", "conflict", "unknown_event", "late"}
+    by_outcome = 'sum by (outcome) (rofu_rewards_total{job="rofu-api"})'
+    _wait("every reward outcome is scraped", lambda: labels(by_outcome, "outcome") == expected, [])
     statuses = labels('sum by (status) (rofu_http_requests_total{job="rofu-api"})', "status")
     assert {"200", "404", "409", "422", "503"} <= statuses
     checks = {

@@ -41,7 +41,12 @@ async def test_api_select_writes_a_decision_and_reward_attaches(pg_clean):
         )
         assert decision == [(chosen.json()["arm"], 0.25, 0, [0.1, 0.2, 0.3], "cold-start")]
         reward = await client.post("/v1/reward", json={"event_id": "pg-1", "value": 0.75})
-        assert reward.json() == {"event_id": "pg-1", "value": 0.75, "duplicate": False}
+        assert reward.json() == {
+            "event_id": "pg-1",
+            "value": 0.75,
+            "duplicate": False,
+            "late": False,
+        }
         assert _rows(pg_clean, "select event_id, value, repeats from rewards") == [
             ("pg-1", 0.75, 0)
         ]

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 from service.db import repository
+from service.db.engine import make_engine, session_factory
 from service.db.tables import CheckpointRow, DecisionRow, utcnow
 from service.errors import Conflict, NotFound
 from tests.factories import decision_row
@@ -96,3 +101,63 @@ def test_repository_closed_decisions_and_checkpoint_commit_mark_rows(pg_sessions
     left = repository.closed_decisions(pg_sessions, utcnow(), 10)
     assert [r.event_id for r in left] == ["t-2", "t-3"]
     assert repository.latest_checkpoint(pg_sessions).version == 1
+
+
+def test_repository_reward_for_a_consumed_decision_is_late(pg_sessions):
+    repository.save_decision(pg_sessions, _decision("c-1"))
+    repository.save_decision(pg_sessions, _decision("c-2"))
+    repository.mark_consumed(pg_sessions, ["c-1"], 1)
+    late = repository.attach_reward(pg_sessions, "c-1", 1.0, window_seconds=60.0)
+    on_time = repository.attach_reward(pg_sessions, "c-2", 1.0, window_seconds=60.0)
+    assert (late.late, on_time.late) == (True, False)
+    assert [r.reward for r in repository.closed_decisions(pg_sessions, utcnow(), 10)] == [1.0]
+
+
+def _lock_then(pg_url: str, first: str, then: Callable[[Any], None]) -> bool:
+    """Open a transaction that does `first` (taking a decision's row lock), start `then`
+    on another connection in a thread (it blocks on the lock), commit, and return the
+    stored reward's late flag once `then` finished."""
+    engine = make_engine(pg_url)
+    sessions = session_factory(engine)
+    try:
+        repository.insert_decisions(sessions, [_decision("race")])
+        with engine.connect() as holder:
+            transaction = holder.begin()
+            holder.execute(text(first))
+            worker = threading.Thread(target=then, args=(sessions,))
+            worker.start()
+            worker.join(0.5)
+            assert worker.is_alive()  # waiting for the row lock
+            transaction.commit()
+            worker.join(10)
+        with engine.connect() as connection:
+            return bool(connection.execute(text("select late from rewards")).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def test_repository_reward_waiting_for_a_claim_sees_it(pg_clean):
+    """The claim locked the decision first: the post waits, then finds it consumed."""
+    answers: list[bool] = []
+
+    def post(sessions: Any) -> None:
+        answers.append(repository.attach_reward(sessions, "race", 1.0).late)
+
+    claim = "update decisions set trained_in = 1 where event_id = 'race'"
+    assert _lock_then(pg_clean, claim, post) is True
+    assert answers == [True]
+
+
+def test_repository_claim_waiting_for_a_reward_flags_it(pg_clean):
+    """The post locked the decision first and stored its reward, unseen by the run that
+    read the decision without one: the claim waits, then flags the reward late."""
+    post = (
+        "select event_id from decisions where event_id = 'race' for update;"
+        " insert into rewards (event_id, value, received_at, repeats, late)"
+        " values ('race', 1.0, now(), 0, false)"
+    )
+
+    def claim(sessions: Any) -> None:
+        repository.mark_consumed(sessions, ["race"], 1, ["race"])
+
+    assert _lock_then(pg_clean, post, claim) is True

@@ -17,6 +17,7 @@ API_PATHS = {
     "/v1/model",
     "/v1/model/checkpoints",
     "/v1/admin/pin",
+    "/v1/decisions",
 }
 
 

@@ -68,7 +68,7 @@ def _pool(bandit: Bandit) -> np.ndarray:
 def test_datasets_registry_names_every_showdown_set() -> None:
     assert set(DATASETS) == {
         "mushroom", "statlog", "covertype", "adult", "census", "jester", "financial", "wheel",
-        "mlp",
+        "mlp", "resnet",
     }  # fmt: skip
 
 
@@ -106,7 +106,7 @@ def test_load_bandit_loads_a_classification_file(tmp_path: Path) -> None:
 
 
 def test_registry_synthetic_data_sets_are_those_without_files() -> None:
-    assert {name for name, d in DATASETS.items() if d.synthetic} == {"wheel", "mlp"}
+    assert {name for name, d in DATASETS.items() if d.synthetic} == {"wheel", "mlp", "resnet"}
     for name, dataset in DATASETS.items():
         assert all(not Path(file).is_absolute() for file in dataset.files), name
 
@@ -149,7 +149,7 @@ def test_check_datasets_names_each_missing_file_and_its_data_set(tmp_path: Path)
 def test_stream_is_deterministic_per_seed(load: Callable[[str], Bandit], name: str) -> None:
     bandit = load(name)
     first, again, other = (bandit.stream(300, seed) for seed in (3, 3, 4))
-    assert first.contexts.shape == (300, bandit.context_dim)
+    assert first.contexts.shape == (300, *bandit.context_shape)
     assert first.rewards.shape == first.means.shape == (300, bandit.n_arms)
     for field in ("contexts", "rewards", "means"):
         np.testing.assert_array_equal(getattr(first, field), getattr(again, field))

@@ -46,12 +46,13 @@ def test_graphed_exact_splits_batches_beyond_the_largest_bucket():
     graphed = GraphedExact(net, data, config, arm_features=features, capture=False, buckets=(1, 2))
     contexts = torch.randn(5, 6, generator=torch.Generator().manual_seed(2)).double()
     got = graphed(contexts, torch.Generator().manual_seed(3))
-    generator = torch.Generator().manual_seed(3)  # one draw of minibatches per chunk of 2
-    parts = [
-        rofu_scores(net, contexts[i : i + 2], data, config, generator, arm_features=features)
-        for i in (0, 2, 4)
-    ]
-    torch.testing.assert_close(got.ucb, torch.cat([p.ucb for p in parts]))
+    # One draw of minibatches for the whole call: every chunk of 2 shares it, so a
+    # context's scores do not depend on the chunk it lands in.
+    generator = torch.Generator().manual_seed(3)
+    want = rofu_scores(net, contexts, data, config, generator, arm_features=features)
+    torch.testing.assert_close(got.ucb, want.ucb)
+    alone = graphed(contexts[4:], torch.Generator().manual_seed(3))
+    torch.testing.assert_close(alone.ucb, got.ucb[4:])
 
 
 @pytest.mark.parametrize(

@@ -256,10 +256,20 @@ async def test_service_reward_is_accepted_once_then_duplicate(service: Service) 
     body = {"event_id": "rewarded-1", "value": 1.5}
     first = await client.post("/v1/reward", json=body)
     assert first.status_code == 200, first.text
-    assert first.json() == {"event_id": "rewarded-1", "value": 1.5, "duplicate": False}
+    assert first.json() == {
+        "event_id": "rewarded-1",
+        "value": 1.5,
+        "duplicate": False,
+        "late": False,
+    }
     again = await client.post("/v1/reward", json=body)
     assert again.status_code == 200, again.text
-    assert again.json() == {"event_id": "rewarded-1", "value": 1.5, "duplicate": True}
+    assert again.json() == {
+        "event_id": "rewarded-1",
+        "value": 1.5,
+        "duplicate": True,
+        "late": False,
+    }
     assert _count(app, "rewards") == 1
     assert decision["event_id"] == "rewarded-1"
     conflict = await client.post("/v1/reward", json={"event_id": "rewarded-1", "value": 0.0})

@@ -1,0 +1,114 @@
+"""Bonus curves: the exploration bonus of the chosen arm, round by round, per policy.
+
+Each run records the bonus of the arm it chose in every round (`RunResult.bonus`); a curve
+is its mean over seeds, smoothed by a moving average. The ablation of the paper's section
+5.1 reads them: ROFU's bonus should grow with M, its ascent steps, and decay towards 0 as
+data accumulates. Policies without a bonus (Greedy, EpsilonGreedy: always 0) and runs
+written before bonuses were recorded are left out.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from replay.simulate import RunResult
+
+Results = dict[str, dict[str, list[RunResult]]]
+TAIL = 0.1  # the share of the rounds the early and late means are taken over
+
+
+def with_bonus(results: Results) -> Results:
+    """The runs that recorded a bonus, of the policies whose bonus is not always 0."""
+    kept: Results = {}
+    for bandit, by_policy in sorted(results.items()):
+        for policy, runs in sorted(by_policy.items()):
+            recorded = [run for run in runs if run.bonus is not None]
+            if any(np.nanmax(np.abs(_finite(run)), initial=0.0) > 0 for run in recorded):
+                kept.setdefault(bandit, {})[policy] = recorded
+    return kept
+
+
+def _finite(run: RunResult) -> np.ndarray:
+    """(T,) the run's bonus, NaN where it is not finite (warm start, cold start)."""
+    assert run.bonus is not None
+    return np.where(np.isfinite(run.bonus), run.bonus, np.nan)
+
+
+def mean_curve(runs: list[RunResult]) -> np.ndarray:
+    """(T,) the bonus of the chosen arm averaged over seeds (NaN where no seed has one)."""
+    stacked = np.stack([_finite(run) for run in runs])  # (seeds, T)
+    counts = np.isfinite(stacked).sum(axis=0)
+    total = np.nansum(stacked, axis=0)
+    return np.where(counts > 0, total / np.maximum(counts, 1), np.nan)
+
+
+def smooth(curve: np.ndarray, window: int) -> np.ndarray:
+    """Moving average over the last `window` rounds, skipping NaN (NaN where all are)."""
+    values = np.nan_to_num(curve)
+    present = np.isfinite(curve).astype(float)
+    kernel = np.ones(window)
+    total = np.convolve(values, kernel)[: len(curve)]
+    count = np.convolve(present, kernel)[: len(curve)]
+    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def early_late(runs: list[RunResult]) -> tuple[float, float]:
+    """Mean bonus over the first and the last TAIL of the rounds that have one."""
+    curve = mean_curve(runs)
+    rounds = curve[np.isfinite(curve)]
+    if not rounds.size:
+        return math.nan, math.nan
+    tail = max(1, int(TAIL * rounds.size))
+    return float(rounds[:tail].mean()), float(rounds[-tail:].mean())
+
+
+def markdown_table(results: Results) -> str:
+    """Per data set and policy: the mean bonus early and late, and their ratio."""
+    lines = [
+        f"Mean bonus of the chosen arm over the first and last {TAIL:.0%} of the rounds after "
+        "the warm start, averaged over seeds.",
+        "",
+        "| data set | policy | early | late | late / early |",
+        "|---|---|---|---|---|",
+    ]
+    for bandit, by_policy in with_bonus(results).items():
+        for policy, runs in by_policy.items():
+            early, late = early_late(runs)
+            ratio = f"{late / early:.2f}" if early > 0 else "n/a"
+            lines.append(f"| {bandit} | {policy} | {early:.4f} | {late:.4f} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_bonus(results: Results, folder: Path) -> list[Path]:
+    """One PNG per data set with a bonus: its smoothed mean-bonus curve per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for bandit, by_policy in with_bonus(results).items():
+        figure, axis = plt.subplots(figsize=(7, 4.5))
+        window = 1
+        for policy, runs in by_policy.items():
+            curve = mean_curve(runs)
+            window = max(1, curve.size // 50)
+            steps = np.arange(1, curve.size + 1)
+            axis.plot(steps, smooth(curve, window), label=f"{policy} ({len(runs)} seeds)")
+        axis.set(
+            title=f"{bandit}: bonus of the chosen arm",
+            xlabel="round",
+            ylabel=f"mean over seeds, moving average of {window} rounds",
+            ylim=(0, None),
+        )
+        axis.legend(fontsize=8)
+        figure.tight_layout()
+        path = folder / f"bonus-{bandit}.png"
+        figure.savefig(path, dpi=110)
+        plt.close(figure)
+        paths.append(path)
+    return paths

@@ -1,0 +1,107 @@
+"""The report of `rofu evaluate`: evaluate.json (the figures), evaluate.md (a table) and
+evaluate.png (each policy's estimates with their intervals)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from replay.ope import Estimate
+
+ESTIMATORS = ("ips", "snips", "dr")
+
+
+def jsonable(value: Any) -> Any:
+    """Estimates as dicts, NaN as null, recursively."""
+    if isinstance(value, Estimate):
+        return jsonable(asdict(value))
+    if isinstance(value, dict):
+        return {key: jsonable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(item) for item in value]
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def write_report(figures: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """Write evaluate.json, evaluate.md and evaluate.png; returns the JSON figures."""
+    data = jsonable(figures)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "evaluate.json").write_text(json.dumps(data, indent=2) + "\n")
+    (out_dir / "evaluate.md").write_text(markdown(data))
+    plot(data, out_dir / "evaluate.png")
+    return data  # type: ignore[no-any-return]
+
+
+def _cell(estimate: dict[str, Any]) -> str:
+    def fmt(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.4f}"
+
+    return f"{fmt(estimate['value'])} [{fmt(estimate['ci_low'])}, {fmt(estimate['ci_high'])}]"
+
+
+def markdown(data: dict[str, Any]) -> str:
+    """The policy x estimator table, with the log's description and the caveats."""
+    window = f"from {data['since'] or 'the start'} to {data['until'] or 'now'}"
+    lines = [
+        "# Offline evaluation on the service's decision log",
+        "",
+        f"{data['rows']} rewarded decisions {window} ({data['unrewarded']} without a reward "
+        f"left out), decided by model versions {data['logged_versions']}; 95% intervals "
+        f"({data['ci']}), seed {data['seed']}. Logged policy (mean reward): "
+        f"{_cell(data['logged'])}.",
+        "",
+        "| policy | IPS | SNIPS | DR | effective rows | off-support mass | |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, result in data["policies"].items():
+        off = result["off_support"]
+        cells = [_cell(result[e]) for e in ESTIMATORS]
+        lines.append(
+            f"| {name} | " + " | ".join(cells) + f" | {result['effective_rows']:.0f} | "
+            f"{'n/a' if off is None else f'{off:.3f}'} | {result['note']} |"
+        )
+    lines += [
+        "",
+        "Off-support mass: the share of the policy's choices that the logging rule gave "
+        "probability 0. No logged reward shows what they earn, so every estimate may be "
+        "off by up to that share of the reward range (n/a: the rows logged no "
+        "probabilities). Effective rows, (sum w)^2 / sum w^2: few mean wide intervals.",
+    ]
+    lines += [f"- {note}" for note in data["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    """Each policy's IPS, SNIPS and DR estimates with 95% intervals, the logged mean as a
+    vertical line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(data["policies"])
+    figure, axis = plt.subplots(figsize=(7.5, 1.2 + 0.55 * len(names)))
+    for offset, estimator in zip((-0.22, 0.0, 0.22), ESTIMATORS, strict=True):
+        ys, xs, low, high = [], [], [], []
+        for i, name in enumerate(names):
+            e = data["policies"][name][estimator]
+            if e["value"] is not None and e["ci_low"] is not None:
+                ys.append(i + offset)
+                xs.append(e["value"])
+                low.append(e["value"] - e["ci_low"])
+                high.append(e["ci_high"] - e["value"])
+        axis.errorbar(xs, ys, xerr=[low, high], fmt="o", capsize=3, label=estimator.upper())
+    if data["logged"]["value"] is not None:
+        axis.axvline(data["logged"]["value"], color="grey", linestyle="--", label="logged")
+    axis.set_yticks(range(len(names)), names)
+    axis.invert_yaxis()
+    axis.set(xlabel="estimated mean reward per decision (95% CI)", title="rofu evaluate")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

@@ -1,0 +1,190 @@
+"""The service's own decision log as arrays, and a stored checkpoint's scores on it.
+
+`read_service_log` reads the rewarded decisions through the export reader
+(`service.decision_log`); `checkpoint_scores` scores the logged contexts with a stored
+checkpoint exactly as the service would have: the same network, ROFU settings, clamping
+and per-version generator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from models import rofu_scores
+from models.checkpoint import CheckpointError
+from models.rofu import ntk_basis
+from service.catalogue import Catalogue, CatalogueCache
+from service.checkpoint_store import CheckpointStore
+from service.db.engine import SessionFactory
+from service.decision_log import EVERYTHING, LoggedDecision, Window, iter_decisions
+from service.scoring import checkpoint_generator
+from service.settings import Settings
+from service.snapshot import Snapshot
+
+
+class EvaluationError(ValueError):
+    """The log or a checkpoint cannot be evaluated (no rows, unknown version, ...)."""
+
+
+@dataclass(frozen=True)
+class ServiceLog:
+    """The rewarded decisions, oldest first. N rows, S catalogue slots.
+
+    Attributes:
+        contexts: (N, D) as logged.
+        candidates: (N, S) bool, the arms each decision chose among.
+        actions: (N,) the chosen arm's slot.
+        propensities: (N,) the chosen arm's logged probability.
+        logging: (N, S) the logging rule's probability of each slot (0 off the
+            candidates); NaN rows where only the propensity was logged.
+        rewards: (N,) the reward (or the default reward).
+        explore: (N,) bool, whether the request let the service explore.
+        versions: (N,) the model version that decided.
+        catalogue: the arm catalogue (slot -> arm).
+        unrewarded: decisions left out for lack of a reward.
+    """
+
+    contexts: np.ndarray
+    candidates: np.ndarray
+    actions: np.ndarray
+    propensities: np.ndarray
+    logging: np.ndarray
+    rewards: np.ndarray
+    explore: np.ndarray
+    versions: np.ndarray
+    catalogue: Catalogue
+    unrewarded: int
+
+    def __len__(self) -> int:
+        return int(self.actions.shape[0])
+
+    @property
+    def n_slots(self) -> int:
+        """S, the catalogue's slots."""
+        return int(self.candidates.shape[1])
+
+
+def read_service_log(
+    sessions: SessionFactory, window: Window = EVERYTHING, default_reward: float | None = None
+) -> ServiceLog:
+    """The window's decisions that have a reward (all of them with `default_reward`).
+
+    Raises:
+        EvaluationError: no decision has a reward, or the context length changes.
+    """
+    catalogue = CatalogueCache(sessions, ttl_s=0.0).refresh()
+    slots = {arm.id: arm.slot for arm in catalogue.arms}
+    rows: list[tuple[LoggedDecision, float]] = []
+    unrewarded = 0
+    for record in iter_decisions(sessions, window):
+        reward = record.reward if record.reward is not None else default_reward
+        if reward is None:
+            unrewarded += 1
+        else:
+            rows.append((record, reward))
+    if not rows:
+        raise EvaluationError(
+            f"no rewarded decision in the window ({unrewarded} without a reward); "
+            "evaluation needs rewards (or ROFU_DEFAULT_REWARD)"
+        )
+    if len({len(record.context) for record, _ in rows}) > 1:
+        raise EvaluationError("the context length changes within the window (--since/--until)")
+    return _arrays(rows, catalogue, slots, unrewarded)
+
+
+def _arrays(
+    rows: list[tuple[LoggedDecision, float]],
+    catalogue: Catalogue,
+    slots: dict[str, int],
+    unrewarded: int,
+) -> ServiceLog:
+    n, width = len(rows), catalogue.n_slots
+    candidates = np.zeros((n, width), dtype=bool)
+    logging = np.zeros((n, width))
+    for i, (record, _) in enumerate(rows):
+        columns = [slots[arm] for arm in record.candidates]
+        candidates[i, columns] = True
+        probabilities = record.probabilities
+        logging[i, columns] = np.nan if probabilities is None else probabilities
+    records = [record for record, _ in rows]
+    return ServiceLog(
+        contexts=np.array([r.context for r in records], dtype=np.float64),
+        candidates=candidates,
+        actions=np.array([r.slot for r in records], dtype=np.int64),
+        propensities=np.array([r.propensity for r in records]),
+        logging=logging,
+        rewards=np.array([reward for _, reward in rows]),
+        explore=np.array([r.explore for r in records], dtype=bool),
+        versions=np.array([r.model_version for r in records], dtype=np.int64),
+        catalogue=catalogue,
+        unrewarded=unrewarded,
+    )
+
+
+@dataclass(frozen=True)
+class CheckpointScores:
+    """A checkpoint's ROFU scores on the logged contexts: (N, S) mean and bonus (NaN off
+    the candidates)."""
+
+    version: int
+    mean: np.ndarray
+    bonus: np.ndarray
+
+
+def checkpoint_scores(
+    settings: Settings,
+    sessions: SessionFactory,
+    log: ServiceLog,
+    version: int | None = None,
+    *,
+    chunk: int = 256,
+) -> CheckpointScores:
+    """Score the log's contexts and candidates with a stored checkpoint (None: the newest).
+
+    Raises:
+        EvaluationError: no such checkpoint, or it does not fit the settings' network.
+    """
+    snapshot = _snapshot(settings, sessions, version)
+    config = settings.rofu_config()
+    features = None
+    if settings.arm_feature_dim:
+        features = log.catalogue.feature_table(settings.arm_feature_dim)
+    width = snapshot.net.config.n_arms or log.n_slots
+    basis = None
+    if config.estimator == "ntk":
+        generator = checkpoint_generator(settings.seed, snapshot.version)
+        basis = ntk_basis(snapshot.net, snapshot.data, config, generator, arm_features=features)
+    mean, bonus = np.full((2, len(log), log.n_slots), np.nan)
+    for start in range(0, len(log), chunk):
+        rows = slice(start, start + chunk)
+        mask = torch.zeros(len(log.contexts[rows]), width, dtype=torch.bool)
+        mask[:, : log.n_slots] = torch.from_numpy(log.candidates[rows])
+        contexts = snapshot.bounded(torch.tensor(log.contexts[rows], dtype=torch.float32))
+        scores = rofu_scores(
+            snapshot.net,
+            contexts,
+            snapshot.data,
+            config,
+            checkpoint_generator(settings.seed, snapshot.version),  # as each /select call
+            candidates=mask,
+            arm_features=features,
+            basis=basis,
+        )
+        mean[rows] = scores.mean.detach().double().numpy()[:, : log.n_slots]
+        bonus[rows] = scores.bonus.detach().double().numpy()[:, : log.n_slots]
+    return CheckpointScores(snapshot.version, mean, bonus)
+
+
+def _snapshot(settings: Settings, sessions: SessionFactory, version: int | None) -> Snapshot:
+    name = "the newest checkpoint" if version is None else f"checkpoint {version}"
+    store = CheckpointStore(sessions, settings.checkpoint_dir)
+    try:
+        found = store.latest() if version is None else store.get(version)
+        if found is not None:
+            return Snapshot.from_blob(found[1], settings.net_config(), torch.device("cpu"))
+    except CheckpointError as exc:  # damaged, unreadable, or another network's
+        raise EvaluationError(f"{name}: {exc}") from exc
+    raise EvaluationError(f"{name} is not stored")
