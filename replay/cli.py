@@ -144,7 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run nothing: one report at --out from these reports (a later folder's cell "
         "wins, or adds its seeds where they are new)",
     )
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (e.g. when logging to a file)"
+    )
     return parser
 
 

@@ -161,7 +161,9 @@ def add_commands(commands: Any) -> None:
     serve = commands.add_parser("serve", help="run the HTTP service (settings from ROFU_*)")
     serve.add_argument("--host", help="bind address (default: ROFU_HOST)")
     serve.add_argument("--port", type=int, help="port (default: ROFU_PORT)")
-    serve.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+    serve.add_argument(
+        "--log-level", default="info", choices=LOG_LEVELS, help="log threshold (default info)"
+    )
     serve.add_argument("--access-log", action="store_true", help="log every request")
     serve.add_argument(
         "--workers",
@@ -175,7 +177,9 @@ def add_commands(commands: Any) -> None:
     migrate.add_argument("--downgrade", metavar="REVISION", help="downgrade to this revision")
     trainer = commands.add_parser("trainer", help="run the trainer worker (production)")
     trainer.add_argument("--once", action="store_true", help="one training run, then exit")
-    trainer.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+    trainer.add_argument(
+        "--log-level", default="info", choices=LOG_LEVELS, help="log threshold (default info)"
+    )
     pin = commands.add_parser("pin", help="roll back: serve a stored checkpoint version")
     pin.add_argument("version", type=int, nargs="?", help="version to serve (omit: show the pin)")
     commands.add_parser("unpin", help="serve the newest checkpoint again")
@@ -187,7 +191,13 @@ def _add_export(commands: Any) -> None:
         "export",
         help="write the decision log with rewards: VW DSJSON, OBP arrays (.npz) or Parquet",
     )
-    export.add_argument("--format", required=True, choices=("dsjson", "obp", "parquet"))
+    export.add_argument(
+        "--format",
+        required=True,
+        choices=("dsjson", "obp", "parquet"),
+        help="dsjson: Vowpal Wabbit's decision-service JSON lines; obp: Open Bandit "
+        "Pipeline's bandit feedback (.npz); parquet: one row per decision (the export extra)",
+    )
     export.add_argument("--since", type=moment, help="decisions made at this time or later")
     export.add_argument("--until", type=moment, help="decisions made before this time")
     export.add_argument(
