@@ -10,6 +10,7 @@ written before bonuses were recorded are left out.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -20,11 +21,16 @@ Results = dict[str, dict[str, list[RunResult]]]
 TAIL = 0.1  # the share of the rounds the early and late means are taken over
 
 
+def natural(name: str) -> list[str | int]:
+    """A sort key that puts `ROFU@steps=5` before `ROFU@steps=10`."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
 def with_bonus(results: Results) -> Results:
     """The runs that recorded a bonus, of the policies whose bonus is not always 0."""
     kept: Results = {}
     for bandit, by_policy in sorted(results.items()):
-        for policy, runs in sorted(by_policy.items()):
+        for policy, runs in sorted(by_policy.items(), key=lambda item: natural(item[0])):
             recorded = [run for run in runs if run.bonus is not None]
             if any(np.nanmax(np.abs(_finite(run)), initial=0.0) > 0 for run in recorded):
                 kept.setdefault(bandit, {})[policy] = recorded
@@ -66,24 +72,30 @@ def early_late(runs: list[RunResult]) -> tuple[float, float]:
 
 
 def markdown_table(results: Results) -> str:
-    """Per data set and policy: the mean bonus early and late, and their ratio."""
+    """Per data set and policy: the mean bonus early and late, their ratio, and the largest
+    bonus of any round of any seed (a diverged ascent shows there)."""
     lines = [
         f"Mean bonus of the chosen arm over the first and last {TAIL:.0%} of the rounds after "
-        "the warm start, averaged over seeds.",
+        "the warm start, averaged over seeds; the largest of any round and seed.",
         "",
-        "| data set | policy | early | late | late / early |",
-        "|---|---|---|---|---|",
+        "| data set | policy | early | late | late / early | largest |",
+        "|---|---|---|---|---|---|",
     ]
     for bandit, by_policy in with_bonus(results).items():
         for policy, runs in by_policy.items():
             early, late = early_late(runs)
             ratio = f"{late / early:.2f}" if early > 0 else "n/a"
-            lines.append(f"| {bandit} | {policy} | {early:.4f} | {late:.4f} | {ratio} |")
+            largest = max(float(np.nanmax(_finite(run), initial=0.0)) for run in runs)
+            lines.append(
+                f"| {bandit} | {policy} | {early:.4f} | {late:.4f} | {ratio} | {largest:.3g} |"
+            )
     return "\n".join(lines) + "\n"
 
 
 def plot_bonus(results: Results, folder: Path) -> list[Path]:
-    """One PNG per data set with a bonus: its smoothed mean-bonus curve per policy."""
+    """One PNG per data set with a bonus: its smoothed mean-bonus curve per policy, on a
+    linear axis cut at the largest value after the first tenth of the rounds (left) and on
+    a log axis in full (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -92,20 +104,21 @@ def plot_bonus(results: Results, folder: Path) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for bandit, by_policy in with_bonus(results).items():
-        figure, axis = plt.subplots(figsize=(7, 4.5))
-        window = 1
-        for policy, runs in by_policy.items():
-            curve = mean_curve(runs)
-            window = max(1, curve.size // 50)
-            steps = np.arange(1, curve.size + 1)
-            axis.plot(steps, smooth(curve, window), label=f"{policy} ({len(runs)} seeds)")
-        axis.set(
-            title=f"{bandit}: bonus of the chosen arm",
-            xlabel="round",
-            ylabel=f"mean over seeds, moving average of {window} rounds",
-            ylim=(0, None),
-        )
-        axis.legend(fontsize=8)
+        figure, (linear, log) = plt.subplots(1, 2, figsize=(11, 4.5))
+        curves = {policy: mean_curve(runs) for policy, runs in by_policy.items()}
+        window = max(1, max(curve.size for curve in curves.values()) // 50)
+        top = 0.0
+        for policy, curve in curves.items():
+            smoothed, steps = smooth(curve, window), np.arange(1, curve.size + 1)
+            label = f"{policy} ({len(by_policy[policy])} seeds)"
+            for axis in (linear, log):
+                axis.plot(steps, smoothed, label=label)
+            top = max(top, float(np.nanmax(smoothed[curve.size // 10 :], initial=0.0)))
+        linear.set(ylim=(0, 1.1 * top or None), title=f"{bandit}: bonus of the chosen arm")
+        log.set(yscale="log", title="the same, log axis, uncut")
+        for axis in (linear, log):
+            axis.set(xlabel="round", ylabel=f"mean over seeds, last {window} rounds")
+        linear.legend(fontsize=8)
         figure.tight_layout()
         path = folder / f"bonus-{bandit}.png"
         figure.savefig(path, dpi=110)

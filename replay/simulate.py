@@ -42,7 +42,7 @@ class RunResult:
     config: dict[str, Any] | None = None
     # (T,) float64 exploration bonus of the chosen arm in each round: NaN in the warm-start
     # rounds, +inf on a cold start, 0 for a policy without one (Greedy), a sampled deviation
-    # for Thompson policies; None in files written before 2026-11-27, which recorded none.
+    # for Thompson policies; None in files written before it was recorded (2026-11-25).
     bonus: np.ndarray | None = None
 
     @property
