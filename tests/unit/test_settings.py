@@ -318,3 +318,39 @@ def test_settings_fit_config() -> None:
         300,
         300,
     ]
+
+
+def test_shipped_configurations_serve_the_product_preset_unchanged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The demo, compose and Kubernetes configurations override none of the preset's
+    settings: what they serve is what the replay validated."""
+    import yaml
+
+    from service.settings import preset_settings
+
+    owned = {f"ROFU_{key.upper()}" for key in preset_settings(PRODUCT)}
+    monkeypatch.setenv("ROFU_CONFIG_FILE", str(ROOT / "config" / "demo.toml"))
+    demo = Settings()
+    assert demo.rofu_config() == PRODUCT.rofu
+    assert (demo.hidden, demo.activation) == (PRODUCT.hidden, PRODUCT.activation)
+    compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
+    configmap = yaml.safe_load((ROOT / "deploy" / "k8s" / "base" / "configmap.yaml").read_text())
+    environments = [configmap["data"], *(anchor for anchor in _env_blocks(compose))]
+    for environment in environments:
+        assert not owned & set(environment), sorted(owned & set(environment))
+        assert environment.get("ROFU_PRESET", "product") == "product"
+
+
+def _env_blocks(document: object) -> list[dict[str, object]]:
+    """Every mapping of ROFU_* variables in a YAML document."""
+    found: list[dict[str, object]] = []
+    if isinstance(document, dict):
+        if any(str(key).startswith("ROFU_") for key in document):
+            found.append(document)
+        for value in document.values():
+            found += _env_blocks(value)
+    elif isinstance(document, list):
+        for value in document:
+            found += _env_blocks(value)
+    return found
