@@ -123,6 +123,21 @@ class _Retry:
             return False
         return response is None or response.status_code in RETRY_STATUSES
 
+    def wait(
+        self, attempt: int, response: httpx.Response | None, error: httpx.TransportError | None
+    ) -> float | None:
+        """Seconds to wait before trying again, or None: `response` is the answer. A failed
+        connection that is not retried is a RofuError."""
+        if self.wanted(attempt, response):
+            return self.delay(attempt, response)
+        if error is not None:
+            raise RofuError(0, "unreachable", str(error) or type(error).__name__) from error
+        return None
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
+
 
 SELECTED = TypeAdapter(SelectResponse)
 REWARDED = TypeAdapter(RewardResponse)
@@ -145,9 +160,8 @@ class RofuClient:
         max_backoff_s: float = 10.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
         self._http = httpx.Client(
-            base_url=base_url, headers=headers, timeout=timeout_s, transport=transport
+            base_url=base_url, headers=_headers(api_key), timeout=timeout_s, transport=transport
         )
         self._retry = _Retry(retries, max_backoff_s)
 
@@ -165,17 +179,17 @@ class RofuClient:
         """Send `call`, retrying as the class docstring says; the last response."""
         attempt = 0
         while True:
-            response: httpx.Response | None = None
+            response, error = None, None
             try:
                 response = self._http.request(
                     call.method, call.path, json=call.body, params=call.params
                 )
             except httpx.TransportError as exc:
-                if not self._retry.wanted(attempt, None):
-                    raise RofuError(0, "unreachable", str(exc) or type(exc).__name__) from exc
-            if response is not None and not self._retry.wanted(attempt, response):
+                error = exc
+            wait = self._retry.wait(attempt, response, error)
+            if wait is None and response is not None:
                 return response
-            time.sleep(self._retry.delay(attempt, response))
+            time.sleep(wait or 0.0)
             attempt += 1
 
     def select(
@@ -237,10 +251,9 @@ class AsyncRofuClient:
         transport: httpx.AsyncBaseTransport | None = None,
         limits: httpx.Limits | None = None,
     ) -> None:
-        headers = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
         self._http = httpx.AsyncClient(
             base_url=base_url,
-            headers=headers,
+            headers=_headers(api_key),
             timeout=timeout_s,
             transport=transport,
             limits=limits or httpx.Limits(),
@@ -261,17 +274,17 @@ class AsyncRofuClient:
         """Send `call`, retrying as `RofuClient.send` does."""
         attempt = 0
         while True:
-            response: httpx.Response | None = None
+            response, error = None, None
             try:
                 response = await self._http.request(
                     call.method, call.path, json=call.body, params=call.params
                 )
             except httpx.TransportError as exc:
-                if not self._retry.wanted(attempt, None):
-                    raise RofuError(0, "unreachable", str(exc) or type(exc).__name__) from exc
-            if response is not None and not self._retry.wanted(attempt, response):
+                error = exc
+            wait = self._retry.wait(attempt, response, error)
+            if wait is None and response is not None:
                 return response
-            await asyncio.sleep(self._retry.delay(attempt, response))
+            await asyncio.sleep(wait or 0.0)
             attempt += 1
 
     async def select(
