@@ -259,21 +259,30 @@ async def _client(
 
 
 async def visit(base_url: str, level: Level, args: argparse.Namespace, rng: random.Random) -> None:
-    """Warm up, then measure one share of a level's budget, adding to `level`."""
+    """Warm up, then measure one share of a level's budget, adding to `level`.
+
+    Each of the level's `c` simulated apps has its own client with one keep-alive
+    connection, as `c` app instances would: httpcore scans its whole pool on every
+    request, so one client with `c` connections costs the load generator O(c) per call
+    (measured at c = 64: two thirds of the generator's CPU, which shares the machine with
+    the server).
+    """
     c = level.concurrency
-    limits = httpx.Limits(max_connections=c, max_keepalive_connections=c)
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     requests, seconds = math.ceil(args.requests / args.rounds), args.seconds / args.rounds
     # No retries: a load test counts every refused or failed call as an error.
-    client = AsyncRofuClient(base_url, timeout_s=60, retries=0, limits=limits)
-    async with client:
+    clients = [AsyncRofuClient(base_url, timeout_s=60, retries=0, limits=limits) for _ in range(c)]
+    async with contextlib.AsyncExitStack() as stack:
+        for client in clients:
+            await stack.enter_async_context(client)
         warm = _Budget(args.warmup, seconds)
-        await asyncio.gather(*(_client(client, warm, Level(c), rng, 0.0) for _ in range(c)))
-        before = await _metrics(client, args.workers)
+        await asyncio.gather(*(_client(client, warm, Level(c), rng, 0.0) for client in clients))
+        before = await _metrics(clients[0], args.workers)
         budget, start = _Budget(requests, seconds), time.perf_counter()
-        tasks = (_client(client, budget, level, rng, args.reward_fraction) for _ in range(c))
+        tasks = (_client(client, budget, level, rng, args.reward_fraction) for client in clients)
         await asyncio.gather(*tasks)
         level.seconds += time.perf_counter() - start
-        after = await _metrics(client, args.workers)
+        after = await _metrics(clients[0], args.workers)
     batch_sum, batch_count = histogram_delta(before, after, BATCH_METRIC)
     level.batch_sum += batch_sum
     level.batch_count += batch_count
