@@ -34,7 +34,7 @@ def load_cells(folder: Path) -> dict[str, dict[str, Cell]]:
 
 
 # A cell's own figures; the others are recomputed (or, `source`, set) by `combine`.
-_DERIVED = {"normalised", "relative_uniform", "rank", "wilcoxon_p", "source"}
+_DERIVED = {"normalised", "relative_uniform", "rank", "wilcoxon_p", "wilcoxon_holm", "source"}
 _OWN = {f.name for f in fields(Cell)} - _DERIVED
 
 
@@ -107,6 +107,7 @@ def _merged(earlier: Cell, later: Cell) -> Cell:
         seeds=seeds,
         rounds=later.rounds,
         seconds_per_round=weighted("seconds_per_round"),
+        cpu_seconds_per_round=weighted("cpu_seconds_per_round"),
         finals=[float(v) for v in finals],
         source=f"{earlier.source} + {later.source}",
     )

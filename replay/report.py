@@ -4,8 +4,9 @@
 Main figure: final cumulative pseudo-regret (expected regret against each round's best
 arm) after T rounds, mean +- s.e.m. over seeds; also normalised to the best policy of each
 data set (the ROFU paper's convention) and relative to Uniform = 100 (the Showdown's),
-the mean rank over data sets, and paired Wilcoxon signed-rank tests of every policy
-against ROFU over the same seeds.
+the mean rank over data sets, paired Wilcoxon signed-rank tests of every policy against
+ROFU over the same seeds (and their Holm-adjusted p-values, per data set over the policies
+compared), and the CPU time per round where the runs recorded it.
 
 `replay.combine` builds one report from the `results.json` of several such reports.
 """
@@ -27,6 +28,7 @@ from replay import bonus
 from replay.simulate import RunResult
 
 REFERENCE = "ROFU"
+PAPER_ROUNDS = 20_000  # the running-time table's unit, as in the paper
 
 
 def reference_of(policies: Iterable[str]) -> str:
@@ -55,6 +57,9 @@ class Cell:
     relative_uniform: float = math.nan  # 100 * mean / Uniform's mean
     rank: float = math.nan
     wilcoxon_p: float = math.nan  # paired test against ROFU over common seeds
+    # wilcoxon_p after Holm's step-down correction over the data set's tests
+    wilcoxon_holm: float = math.nan
+    cpu_seconds_per_round: float = math.nan  # NaN unless every run recorded its CPU time
     finals: list[float] = field(default_factory=list)  # per seed, in the order of `seeds`
     source: str = ""  # the report folder a combined report took the cell from
     preset: str = ""  # the ROFU preset its runs recorded (models.presets); "" for others
@@ -98,6 +103,23 @@ def _wilcoxon(a: dict[int, float], b: dict[int, float]) -> float:
     return float(stats.wilcoxon(diffs, zero_method="zsplit").pvalue)
 
 
+def holm(p_values: dict[str, float]) -> dict[str, float]:
+    """Holm's step-down adjustment of a family of p-values (NaN ones are not tested and
+    stay NaN): the i-th smallest of m becomes max over j <= i of min(1, (m - j + 1) p_(j))."""
+    tested = sorted((p, name) for name, p in p_values.items() if not math.isnan(p))
+    adjusted, running = {}, 0.0
+    for index, (p, name) in enumerate(tested):
+        running = max(running, min(1.0, (len(tested) - index) * p))
+        adjusted[name] = running
+    return {name: adjusted.get(name, math.nan) for name in p_values}
+
+
+def _cpu_per_round(runs: list[RunResult]) -> float:
+    if any(r.cpu_seconds is None for r in runs):
+        return math.nan
+    return float(np.mean([r.cpu_seconds / r.rounds for r in runs if r.cpu_seconds is not None]))
+
+
 def summarise(results: dict[str, dict[str, list[RunResult]]]) -> dict[str, dict[str, Cell]]:
     """Cells for every data set and policy, with the cross-policy figures filled in."""
     table: dict[str, dict[str, Cell]] = {}
@@ -113,6 +135,7 @@ def summarise(results: dict[str, dict[str, list[RunResult]]]) -> dict[str, dict[
                 seeds=[r.seed for r in runs],
                 rounds=runs[0].rounds,
                 seconds_per_round=float(np.mean([r.seconds / r.rounds for r in runs])),
+                cpu_seconds_per_round=_cpu_per_round(runs),
                 finals=[float(v) for v in values],
                 preset=", ".join(sorted({r.preset for r in runs if r.preset})),
             )
@@ -129,6 +152,13 @@ def compare(cells: dict[str, Cell]) -> dict[str, Cell]:
     }  # no test for cells without per-seed finals
     ranks = stats.rankdata([c.mean for c in cells.values()])
     reference = reference_of(cells)
+    tests = {
+        policy: _wilcoxon(finals[policy], finals[reference])
+        if reference in finals and policy in finals and policy != reference
+        else math.nan
+        for policy in cells
+    }
+    adjusted = holm(tests)
     return {
         policy: replace(
             cell,
@@ -137,9 +167,8 @@ def compare(cells: dict[str, Cell]) -> dict[str, Cell]:
             if uniform and uniform.mean > 0
             else math.nan,
             rank=float(rank),
-            wilcoxon_p=_wilcoxon(finals[policy], finals[reference])
-            if reference in finals and policy in finals and policy != reference
-            else math.nan,
+            wilcoxon_p=tests[policy],
+            wilcoxon_holm=adjusted[policy],
         )
         for (policy, cell), rank in zip(cells.items(), ranks, strict=True)
     }
@@ -225,13 +254,15 @@ def _cell_text(cell: Cell | None, value: str) -> str:
         return f"{cell.mean:.1f} +- {_fmt(cell.sem, 1)}"
     if value == "time":
         return f"{1000 * cell.seconds_per_round:.2f}"
+    if value == "cpu":
+        return _fmt(PAPER_ROUNDS * cell.cpu_seconds_per_round, 0)
     if value == "runs":
         return f"{len(cell.seeds)} x T={cell.rounds} (seeds {seed_ranges(cell.seeds)})"
     if value == "source":
         return f"`{cell.source}`"
     if value == "preset":
         return f"`{cell.preset}`" if cell.preset else "-"
-    return _fmt(getattr(cell, value), 3 if value == "wilcoxon_p" else 2)
+    return _fmt(getattr(cell, value), 3 if value.startswith("wilcoxon") else 2)
 
 
 def markdown(table: dict[str, dict[str, Cell]], title: str, preamble: str = "") -> str:
@@ -268,7 +299,16 @@ def markdown(table: dict[str, dict[str, Cell]], title: str, preamble: str = "") 
     grid("Relative to Uniform = 100 (Showdown convention)", "relative_uniform")
     against = reference_of(p for cells in table.values() for p in cells)
     grid(f"Paired Wilcoxon signed-rank p-value against {against}", "wilcoxon_p")
+    grid(f"The same, Holm-adjusted over each data set's tests against {against}", "wilcoxon_holm")
     grid("Wall time per round (ms; select + update, on this machine)", "time")
+    if any(
+        not math.isnan(c.cpu_seconds_per_round) for cells in table.values() for c in cells.values()
+    ):
+        grid(
+            f"CPU seconds per {PAPER_ROUNDS:,} rounds (select + update; one core when each "
+            "worker has one torch thread; the paper's running-time table)",
+            "cpu",
+        )
     lines.extend(
         [
             "## Over the data sets each policy ran on (1 = best)",

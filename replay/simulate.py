@@ -44,6 +44,9 @@ class RunResult:
     # rounds, +inf on a cold start, 0 for a policy without one (Greedy), a sampled deviation
     # for Thompson policies; None in files written before it was recorded (2026-11-25).
     bonus: np.ndarray | None = None
+    # CPU seconds of the whole run (the process's, all its threads; one core when the
+    # run's worker has one torch thread); None in files written before 2026-11-25.
+    cpu_seconds: float | None = None
 
     @property
     def rounds(self) -> int:
@@ -74,6 +77,7 @@ class RunResult:
             "policy": self.policy,
             "seed": self.seed,
             "seconds": self.seconds,
+            "cpu_seconds": self.cpu_seconds,
             "config": self.config,
         }
         partial = path.with_name(path.name + ".partial.npz")
@@ -99,6 +103,7 @@ class RunResult:
                 float(meta["seconds"]),
                 meta.get("config"),
                 archive["bonus"] if "bonus" in archive.files else None,
+                meta.get("cpu_seconds"),
             )
 
 
@@ -118,7 +123,7 @@ def simulate(
     contexts = torch.from_numpy(stream.contexts)
     arms = np.empty(stream.rounds, dtype=np.int64)
     bonus = np.full(stream.rounds, np.nan)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     for t in range(stream.rounds):
         x = contexts[t : t + 1]  # (1, *context_shape)
         if t < warm_start * n_arms:
@@ -132,9 +137,9 @@ def simulate(
         policy.update(Transitions(x, torch.tensor([arm]), reward))
         if on_round is not None:
             on_round(t)
-    seconds = time.perf_counter() - started
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     rows = np.arange(stream.rounds)
     regret = stream.rewards.max(axis=1) - stream.rewards[rows, arms]
     pseudo = stream.means.max(axis=1) - stream.means[rows, arms]
     name = policy_name or getattr(policy, "name", "")
-    return RunResult(bandit, name, seed, arms, regret, pseudo, seconds, config, bonus)
+    return RunResult(bandit, name, seed, arms, regret, pseudo, seconds, config, bonus, cpu_seconds)

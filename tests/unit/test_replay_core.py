@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -31,6 +32,7 @@ from replay.policies import (
 )
 from replay.report import (
     collect,
+    holm,
     json_safe,
     markdown,
     seed_ranges,
@@ -105,11 +107,13 @@ def test_runresult_save_load_round_trip(tmp_path):
         np.array([0.0, 1.0, 0.5]),
         np.array([0.0, 0.5, 0.25]),
         1.25,
+        cpu_seconds=2.5,
     )
     path = tmp_path / "x" / "r.npz"
     result.save(path)
     loaded = RunResult.load(path)
     assert (loaded.bandit, loaded.policy, loaded.seed, loaded.seconds) == ("toy", "P", 3, 1.25)
+    assert loaded.cpu_seconds == 2.5
     np.testing.assert_array_equal(loaded.arms, result.arms)
     np.testing.assert_array_equal(loaded.pseudo_regret, result.pseudo_regret)
     assert not list(path.parent.glob("*.partial*"))
@@ -225,6 +229,39 @@ def test_report_statistics():
     assert table["Greedy"].wilcoxon_p == pytest.approx(0.03125)  # all 6 paired diffs positive
     assert math.isnan(table["ROFU"].wilcoxon_p)
     assert table["ROFU"].seconds_per_round == pytest.approx(1.0)
+
+
+def test_holm_adjusts_step_down_and_keeps_the_untested_nan():
+    adjusted = holm({"a": 0.01, "b": 0.04, "c": 0.03, "ref": math.nan, "d": 0.5})
+    assert adjusted["a"] == pytest.approx(0.04)  # 4 x 0.01
+    assert adjusted["c"] == pytest.approx(0.09)  # 3 x 0.03
+    assert adjusted["b"] == pytest.approx(0.09)  # max(2 x 0.04, the one before)
+    assert adjusted["d"] == pytest.approx(0.5)  # min(1, 1 x 0.5), monotone
+    assert math.isnan(adjusted["ref"])
+    assert holm({"a": 0.6, "b": 0.7})["a"] == 1.0  # capped at 1
+
+
+def test_report_holm_adjusts_the_tests_and_tables_cpu_time(tmp_path):
+    finals = {
+        "ROFU": [10, 11, 12, 13, 14, 15],
+        "Uniform": [100, 90, 110, 95, 105, 100],
+        "Greedy": [20, 22, 21, 23, 19, 20],
+    }
+    runs = _fake_runs(finals)
+    table = summarise(runs)["b"]
+    assert table["Greedy"].wilcoxon_holm == pytest.approx(2 * table["Greedy"].wilcoxon_p)
+    assert math.isnan(table["ROFU"].wilcoxon_holm)
+    assert math.isnan(table["ROFU"].cpu_seconds_per_round)  # the fakes record no CPU time
+    assert "CPU seconds per" not in markdown({"b": table}, "t")
+    timed = {
+        policy: [dataclasses.replace(r, cpu_seconds=3.0) for r in policy_runs]
+        for policy, policy_runs in runs["b"].items()
+    }
+    table = summarise({"b": timed})["b"]
+    assert table["ROFU"].cpu_seconds_per_round == pytest.approx(1.5)  # 3 s over 2 rounds
+    text = markdown({"b": table}, "t")
+    assert "Holm-adjusted" in text
+    assert "| ROFU | 30000 |" in text  # CPU seconds per 20 000 rounds
 
 
 def test_report_tests_the_estimators_against_rofu_exact_without_rofu():
