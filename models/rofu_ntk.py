@@ -60,11 +60,21 @@ class Features:
         """(N, N') gradient inner products g(u) . g(v)."""
         if self.explicit is not None and other.explicit is not None:
             return self.explicit @ other.explicit.T
+        group = self._group() if other.owner is None else None
         out = None
         for h, d, h2, d2 in zip(self.h, self.delta, other.h, other.delta, strict=True):
             hh = h @ h2.T  # (C, C')
             if self.bias:
                 hh = hh + 1.0
+            if group is not None:  # point n reads row n // group: broadcast, no gather
+                dd = d @ d2.T  # (N, N'), viewed as (C, group, N')
+                grouped, weight = dd.view(hh.shape[0], group, -1), hh[:, None, :]
+                if out is None:
+                    out = dd
+                    grouped.mul_(weight)
+                else:
+                    out.view_as(grouped).addcmul_(grouped, weight)
+                continue
             if self.owner is not None:
                 hh = hh[self.owner]
             if other.owner is not None:
@@ -73,6 +83,18 @@ class Features:
             out = term if out is None else out + term
         assert out is not None
         return out
+
+    def _group(self) -> int | None:
+        """g when point n reads row n // g of h (every context with the same g points in
+        a row, as when all arms are candidates), else None."""
+        if self.owner is None or not self.h:
+            return None
+        rows, points = self.h[0].shape[0], self.owner.shape[0]
+        if rows == 0 or points % rows:
+            return None
+        group = points // rows
+        expected = torch.arange(rows, device=self.owner.device).repeat_interleave(group)
+        return group if torch.equal(self.owner, expected) else None
 
     def slice(self, lo: int, hi: int) -> Features:
         """Points lo:hi (of features with one row of h per point)."""
@@ -280,7 +302,7 @@ def ntk_gains(
             a, c = decay * a, decay * c - 2.0 * kappa * shrink
         coeffs[:, lo:hi] -= (2.0 * kappa / (hi - lo)) * moved
         a = a + kappa * push
-    gain = a * query.square_norm() + (cross * coeffs).sum(dim=1)
+    gain = a * query.square_norm() + torch.linalg.vecdot(cross, coeffs)
     if start:
         gain = gain + c * query.theta_dot
     return f0, gain

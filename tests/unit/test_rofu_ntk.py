@@ -280,3 +280,24 @@ def test_ntk_prepared_basis_gives_the_same_scores_as_one_built_per_call():
     )
     torch.testing.assert_close(prepared.ucb, fresh.ucb, equal_nan=True)
     assert bool(prepared.ucb.isnan().eq(~candidates).all())
+
+
+@pytest.mark.parametrize("owner", ["every arm of each context", "irregular"])
+def test_query_kernel_is_the_same_read_in_groups_or_gathered(owner):
+    """Queries whose contexts each hold the same run of arms take the broadcast path; it
+    must equal the kernel of the same points built one row per point (no owner)."""
+    net = make_net(hidden=(8, 5))
+    theta = {name: p.detach() for name, p in net.named_parameters()}
+    contexts = torch.randn(3, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    if owner == "irregular":
+        points = torch.tensor([0, 0, 1, 2, 2, 2])
+        arms = torch.tensor([0, 3, 1, 0, 1, 2])
+    else:
+        points = torch.arange(3).repeat_interleave(4)
+        arms = torch.arange(4).repeat(3)
+    rows = make_transitions(7, 6, 4, seed=2)
+    basis_rows = features(net, theta, rows.x, rows.arms, None)
+    query = features(net, theta, contexts, arms, None, owner=points)
+    assert (query._group() is not None) == (owner != "irregular")
+    flat = features(net, theta, contexts[points], arms, None)
+    torch.testing.assert_close(query.kernel(basis_rows), flat.kernel(basis_rows))
