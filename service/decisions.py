@@ -28,6 +28,8 @@ def request_hash(body: SelectRequest) -> str:
             "arms": body.arms,
             "exclude": sorted(set(body.exclude or ())),  # omitted == [] == same ids reordered
             "explore": body.explore,
+            # only when given: the digests of requests without one stay as they were
+            **({} if body.baseline_arm is None else {"baseline_arm": body.baseline_arm}),
         },
         sort_keys=True,
     )
@@ -94,4 +96,6 @@ def response(row: DecisionRow) -> SelectResponse:
             ArmProbability(arm=arm, probability=p)
             for arm, p in zip(row.candidates, row.probabilities, strict=True)
         ],
+        baseline_arm=row.baseline_arm,
+        rofu_arm=row.rofu_arm,
     )
