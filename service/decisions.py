@@ -16,6 +16,7 @@ from service.deadline import within
 from service.decision_batch import Pending, Result
 from service.errors import InvalidInput
 from service.metrics import ServiceMetrics
+from service.reward_metrics import count_selection
 from service.schemas import ArmProbability, SelectRequest, SelectResponse
 from service.settings import Settings
 
@@ -49,7 +50,7 @@ async def decide(
     if isinstance(result, Exception):
         raise result
     if result.created:
-        metrics.selections.labels(result.row.arm_id, result.row.policy).inc()
+        count_selection(metrics, result.row, stored_scores(result.row))
     return response(result.row)
 
 
