@@ -20,6 +20,10 @@ DR's reward model is a ridge regression per arm on [context, 1], cross-fitted ov
 folds of rows so no row's prediction saw its own reward. IPS and DR are unbiased only
 where the logging rule gave the target's arms a positive probability: `off_support` is
 the target's mean probability mass on arms the logged probabilities gave 0.
+
+On decisions whose request carried the app's own `baseline_arm` (apprentice mode, or
+recorded in online mode), every policy, and rofu's own rule as logged (by model
+version), is also compared with that baseline (`replay.baseline_compare`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import numpy as np
 import torch
 
 from models.selection import ARGMAX, SelectionRule, choice_probabilities
+from replay.baseline_compare import compare_with_baseline
 from replay.evaluate_report import write_report
 from replay.ope import Estimate, dr_estimate, ips_estimate, ratio_estimate, snips_estimate
 from replay.service_log import (
@@ -149,10 +154,11 @@ def _older(sessions: SessionFactory, versions: tuple[int, ...] | None, served: i
     return [row.version for row in rows if row.quarantined_at is None][:1]
 
 
-def ridge_rewards(log: ServiceLog, *, l2: float = 1.0, seed: int = 0) -> np.ndarray:
+def ridge_rewards(log: ServiceLog, *, l2: float = 1e-3, seed: int = 0) -> np.ndarray:
     """DR's reward model: (N, S) predictions of a ridge regression per arm on [x, 1],
     each row predicted by the fit on the other fold (the training mean for an arm that
-    fold never chose)."""
+    fold never chose). The ridge is small: shrinkage would bias what DR extrapolates to
+    arms that have no logged reward (apprentice logs), which no correction term undoes."""
     phi = np.hstack([log.contexts, np.ones((len(log), 1))])  # (N, D + 1)
     fold = np.random.default_rng(seed).integers(2, size=len(log))  # (N,)
     q = np.zeros((len(log), log.n_slots))
@@ -165,6 +171,10 @@ def ridge_rewards(log: ServiceLog, *, l2: float = 1.0, seed: int = 0) -> np.ndar
             weights = np.linalg.solve(gram, phi[rows].T @ log.rewards[rows])
             q[test, slot] = phi[test] @ weights
     return q
+
+
+def _refit(log: ServiceLog, seed: int) -> np.ndarray:
+    return ridge_rewards(log, seed=seed)
 
 
 def estimate(
@@ -222,10 +232,11 @@ def run_evaluation(
         sessions = session_factory(engine)
         log = read_service_log(sessions, window, settings.default_reward)
         q = ridge_rewards(log, seed=seed)
-        results = {
-            policy.name: {"note": policy.note, **estimate(policy.probabilities, log, q, ci=ci)}
-            for policy in target_policies(settings, sessions, log, variations, notes)
-        }
+        results, tables = {}, {}
+        for policy in target_policies(settings, sessions, log, variations, notes):
+            estimates = estimate(policy.probabilities, log, q, ci=ci)
+            results[policy.name] = {"note": policy.note, **estimates}
+            tables[policy.name] = policy.probabilities
     finally:
         engine.dispose()
     figures: dict[str, Any] = {
@@ -238,6 +249,7 @@ def run_evaluation(
         "seed": seed,
         "logged": logged_value(log, ci=ci),
         "policies": results,
+        "baseline": compare_with_baseline(log, q, tables, _refit, seed=seed),
         "notes": notes,
     }
     return write_report(figures, out_dir)
@@ -263,7 +275,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="rofu evaluate",
         description="IPS, SNIPS and DR estimates (95% intervals) of the served model, other "
         "exploration settings, greedy, uniform and older checkpoints on the service's own "
-        "decision log (ROFU_DATABASE_URL); writes evaluate.md, .json and .png.",
+        "decision log (ROFU_DATABASE_URL), each also against the app's own baseline_arm "
+        "where requests carried one (apprentice mode); writes evaluate.md, .json and .png.",
     )
     parser.add_argument("--since", type=moment, help="decisions made at this time or later")
     parser.add_argument("--until", type=moment, help="decisions made before this time")

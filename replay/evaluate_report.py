@@ -9,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from replay.baseline_compare import BEATS
 from replay.ope import Estimate
 
 ESTIMATORS = ("ips", "snips", "dr")
@@ -73,7 +74,70 @@ def markdown(data: dict[str, Any]) -> str:
         "probabilities). Effective rows, (sum w)^2 / sum w^2: few mean wide intervals.",
     ]
     lines += [f"- {note}" for note in data["notes"]]
+    if data.get("baseline"):
+        lines += baseline_markdown(data["baseline"])
     return "\n".join(lines) + "\n"
+
+
+def _bounds(bounds: list[float] | None) -> str:
+    return "n/a" if bounds is None else f"[{bounds[0]:.4f}, {bounds[1]:.4f}]"
+
+
+def baseline_markdown(section: dict[str, Any]) -> list[str]:
+    """The comparison with the app's baseline (`replay.baseline_compare`)."""
+    low, high = section["reward_range"]
+    lines = [
+        "",
+        "## rofu against the app's baseline",
+        "",
+        f"{section['rows']} rewarded decisions carried the app's own `baseline_arm`, "
+        f"{section['served']} of them served it (apprentice mode). The baseline's value: "
+        f"{_cell(section['value'])} (its mean logged reward where it was served). Logged "
+        f"rewards lie in [{low:g}, {high:g}].",
+        "",
+        "| policy | agrees with the baseline | value (DR) | difference (DR) | verdict | "
+        "bounds without a reward model |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, result in section["policies"].items():
+        lines.append(
+            f"| {name} | {result['agreement']:.3f} | {_cell(result['value'])} | "
+            f"{_cell(result['difference'])} | {result['verdict']} | "
+            f"{_bounds(result['bounds'])} |"
+        )
+    lines += [
+        "",
+        "By the model version that decided, rofu's own rule as logged (what it served, or "
+        "in apprentice mode would have served) against the baseline:",
+        "",
+        "| version | rows | agrees | baseline | rofu (DR) | difference (DR) | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for version, result in section["by_version"].items():
+        lines.append(
+            f"| v{version} | {result['rows']} | {result['agreement']:.3f} | "
+            f"{_cell(result['baseline'])} | {_cell(result['value'])} | "
+            f"{_cell(result['difference'])} | {result['verdict']} |"
+        )
+    beating = [f"v{v}" for v, result in section["by_version"].items() if result["verdict"] == BEATS]
+    lines += [
+        "",
+        "rofu's own rule beat the baseline on the rows of "
+        + (", ".join(beating) if beating else "no version yet")
+        + ".",
+        "",
+        "Where the baseline was served with probability 1, no reward was logged for the "
+        "arms rofu would have chosen instead: there DR rests on its reward model for those "
+        "arms (fitted on the contexts where the baseline chose them), which the log cannot "
+        f"check. The intervals are a bootstrap over rows ({section['bootstrap']} resamples) "
+        "that refits that model on each, so they cover its noise, not a wrong form of it "
+        "(a reward that is not linear in the context). IPS and SNIPS above see only "
+        "the rows where a policy agrees with the baseline. The bounds need no reward model: "
+        "they set the unlogged arms' rewards to the lowest, then the highest, logged reward. "
+        "rofu learned from the baseline's choices meanwhile; serving its own it would have "
+        "learned from other data.",
+    ]
+    return lines
 
 
 def plot(data: dict[str, Any], path: Path) -> None:
@@ -98,6 +162,9 @@ def plot(data: dict[str, Any], path: Path) -> None:
         axis.errorbar(xs, ys, xerr=[low, high], fmt="o", capsize=3, label=estimator.upper())
     if data["logged"]["value"] is not None:
         axis.axvline(data["logged"]["value"], color="grey", linestyle="--", label="logged")
+    baseline = (data.get("baseline") or {}).get("value", {}).get("value")
+    if baseline is not None:
+        axis.axvline(baseline, color="black", linestyle=":", label="app's baseline")
     axis.set_yticks(range(len(names)), names)
     axis.invert_yaxis()
     axis.set(xlabel="estimated mean reward per decision (95% CI)", title="rofu evaluate")

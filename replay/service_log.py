@@ -8,6 +8,7 @@ and per-version generator.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +17,7 @@ import torch
 from models import rofu_scores
 from models.checkpoint import CheckpointError
 from models.rofu import ntk_basis
+from service.apprentice import APPRENTICE
 from service.catalogue import Catalogue, CatalogueCache
 from service.checkpoint_store import CheckpointStore
 from service.db.engine import SessionFactory
@@ -45,6 +47,11 @@ class ServiceLog:
         versions: (N,) the model version that decided.
         catalogue: the arm catalogue (slot -> arm).
         unrewarded: decisions left out for lack of a reward.
+        baselines: (N,) the slot of the app's `baseline_arm`, -1 where none was sent.
+        served_baseline: (N,) bool, apprentice mode served the baseline (probability 1).
+        rule: (N, S) rofu's own rule's probabilities: those it served by, or on an
+            apprentice row those it would have (0 off the candidates; NaN rows where
+            not logged).
     """
 
     contexts: np.ndarray
@@ -57,6 +64,9 @@ class ServiceLog:
     versions: np.ndarray
     catalogue: Catalogue
     unrewarded: int
+    baselines: np.ndarray
+    served_baseline: np.ndarray
+    rule: np.ndarray
 
     def __len__(self) -> int:
         return int(self.actions.shape[0])
@@ -65,6 +75,15 @@ class ServiceLog:
     def n_slots(self) -> int:
         """S, the catalogue's slots."""
         return int(self.candidates.shape[1])
+
+    def subset(self, rows: np.ndarray) -> ServiceLog:
+        """The log of the rows a (N,) bool mask keeps."""
+        arrays = {
+            field.name: getattr(self, field.name)[rows]
+            for field in dataclasses.fields(self)
+            if isinstance(getattr(self, field.name), np.ndarray)
+        }
+        return dataclasses.replace(self, **arrays)
 
 
 def read_service_log(
@@ -103,12 +122,14 @@ def _arrays(
 ) -> ServiceLog:
     n, width = len(rows), catalogue.n_slots
     candidates = np.zeros((n, width), dtype=bool)
-    logging = np.zeros((n, width))
+    logging, rule = np.zeros((2, n, width))
     for i, (record, _) in enumerate(rows):
         columns = [slots[arm] for arm in record.candidates]
         candidates[i, columns] = True
         probabilities = record.probabilities
         logging[i, columns] = np.nan if probabilities is None else probabilities
+        own = record.rule_probabilities
+        rule[i, columns] = np.nan if own is None else own
     records = [record for record, _ in rows]
     return ServiceLog(
         contexts=np.array([r.context for r in records], dtype=np.float64),
@@ -121,6 +142,12 @@ def _arrays(
         versions=np.array([r.model_version for r in records], dtype=np.int64),
         catalogue=catalogue,
         unrewarded=unrewarded,
+        baselines=np.array(
+            [-1 if r.baseline_arm is None else slots[r.baseline_arm] for r in records],
+            dtype=np.int64,
+        ),
+        served_baseline=np.array([r.policy == APPRENTICE for r in records], dtype=bool),
+        rule=rule,
     )
 
 

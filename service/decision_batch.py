@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.exc import IntegrityError
 
+from service.apprentice import check_baseline, with_baseline
 from service.catalogue import CatalogueCache
 from service.db import repository
 from service.db.engine import SessionFactory
@@ -54,6 +55,7 @@ class DecisionBatch:
         sessions: the database.
         catalogue: the arm catalogue cache.
         on_scored: called with the number of jobs each ROFU call scores.
+        apprentice: serve each request's `baseline_arm` (`service.apprentice`).
     """
 
     def __init__(
@@ -62,18 +64,29 @@ class DecisionBatch:
         sessions: SessionFactory,
         catalogue: CatalogueCache,
         on_scored: Callable[[int], None] | None = None,
+        *,
+        apprentice: bool = False,
     ) -> None:
         self._scorer = scorer
         self._sessions = sessions
         self._catalogue = catalogue
         self._on_scored = on_scored
+        self._apprentice = apprentice
 
     def __call__(self, batch: list[Pending]) -> list[Result]:
         """Decide every request of the batch: replay, refuse, or score and store."""
         results = self._replays(batch)
         jobs = self._jobs(batch, results)
         outcomes = self._score(jobs, results)
-        rows = {i: _row(batch[i], jobs[i], outcome) for i, outcome in outcomes.items()}
+        rows = {
+            i: with_baseline(
+                _row(batch[i], jobs[i], outcome),
+                batch[i].body.baseline_arm,
+                jobs[i].candidates,
+                serve=self._apprentice,
+            )
+            for i, outcome in outcomes.items()
+        }
         results.update(self._store(batch, rows))
         return [results[i] for i in range(len(batch))]
 
@@ -105,6 +118,7 @@ class DecisionBatch:
             body = batch[i].body
             try:
                 candidates = catalogue.candidates(body.arms, body.exclude)
+                check_baseline(body, candidates, apprentice=self._apprentice)
             except InvalidInput as exc:
                 results[i] = exc
                 continue

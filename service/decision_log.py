@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import and_, or_, select
 
 from models.scores import ArmScore
+from service.apprentice import APPRENTICE
 from service.db.engine import SessionFactory
 from service.db.repository import database_errors
 from service.db.tables import DecisionRow, RewardRow
@@ -54,6 +55,9 @@ class LoggedDecision:
             start is uniform, a propensity of 1 leaves the others 0).
         reward: the stored reward, None when none arrived.
         late: whether the reward came after the decision's window (None: not recorded).
+        baseline_arm: the app's own choice the request carried (None: none).
+        rofu_arm, rofu_probabilities: in apprentice mode, which served the baseline, what
+            rofu's rule would have chosen and its probabilities (None otherwise).
     """
 
     event_id: str
@@ -71,6 +75,17 @@ class LoggedDecision:
     reward: float | None
     reward_received_at: datetime | None
     late: bool | None
+    baseline_arm: str | None = None
+    rofu_arm: str | None = None
+    rofu_probabilities: list[float] | None = None
+
+    @property
+    def rule_probabilities(self) -> list[float] | None:
+        """Rofu's own rule's probabilities per candidate: those it served by, or in
+        apprentice mode those it would have (None where not logged)."""
+        if self.policy == APPRENTICE:
+            return self.rofu_probabilities
+        return self.probabilities
 
     @property
     def chosen_index(self) -> int:
@@ -177,6 +192,11 @@ def record(decision: DecisionRow, reward: RewardRow | None) -> LoggedDecision:
         reward=None if reward is None else reward.value,
         reward_received_at=None if reward is None else reward.received_at,
         late=None if reward is None else _optional_bool(getattr(reward, "late", None)),
+        baseline_arm=decision.baseline_arm,
+        rofu_arm=decision.rofu_arm,
+        rofu_probabilities=None
+        if decision.rofu_probabilities is None
+        else [float(p) for p in decision.rofu_probabilities],
     )
 
 

@@ -16,6 +16,7 @@ from service.deadline import within
 from service.decision_batch import Pending, Result
 from service.errors import InvalidInput
 from service.metrics import ServiceMetrics
+from service.reward_metrics import count_selection
 from service.schemas import ArmProbability, SelectRequest, SelectResponse
 from service.settings import Settings
 
@@ -28,6 +29,8 @@ def request_hash(body: SelectRequest) -> str:
             "arms": body.arms,
             "exclude": sorted(set(body.exclude or ())),  # omitted == [] == same ids reordered
             "explore": body.explore,
+            # only when given: the digests of requests without one stay as they were
+            **({} if body.baseline_arm is None else {"baseline_arm": body.baseline_arm}),
         },
         sort_keys=True,
     )
@@ -47,7 +50,7 @@ async def decide(
     if isinstance(result, Exception):
         raise result
     if result.created:
-        metrics.selections.labels(result.row.arm_id, result.row.policy).inc()
+        count_selection(metrics, result.row, stored_scores(result.row))
     return response(result.row)
 
 
@@ -94,4 +97,6 @@ def response(row: DecisionRow) -> SelectResponse:
             ArmProbability(arm=arm, probability=p)
             for arm, p in zip(row.candidates, row.probabilities, strict=True)
         ],
+        baseline_arm=row.baseline_arm,
+        rofu_arm=row.rofu_arm,
     )

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+SIGNS = ("positive", "negative")
 
 
 class ServiceMetrics:
@@ -38,7 +39,8 @@ class ServiceMetrics:
         )
         self.selections = Counter(
             "rofu_selections_total",
-            "Decisions made, by arm and policy",
+            "Decisions made, by arm and policy (explore, exploit, cold-start, apprentice: "
+            "service/reward_metrics.py)",
             ["arm", "policy"],
             registry=r,
         )
@@ -49,6 +51,46 @@ class ServiceMetrics:
             ["outcome"],
             registry=r,
         )
+        self.rewarded = Counter(
+            "rofu_rewarded_decisions_total",
+            "Decisions whose reward was stored, once each (late ones included, repeats never: "
+            "the accepted and late outcomes of rofu_rewards_total), by the chosen arm and by "
+            "policy: how the decision was made (service/reward_metrics.py)",
+            ["arm", "policy"],
+            registry=r,
+        )
+        self.reward_value = Counter(
+            "rofu_reward_value",
+            "Sum of the stored rewards' absolute values, by arm, policy and sign: the reward "
+            'sum is sign="positive" minus sign="negative" (a counter never decreases)',
+            ["arm", "policy", "sign"],
+            registry=r,
+        )
+        self.uniform_rows = Counter(
+            "rofu_uniform_ips_rows",
+            "Rewarded decisions whose every candidate had a positive probability: the rows "
+            "of the uniform policy's IPS estimate",
+            registry=r,
+        )
+        self.uniform_weight = Counter(
+            "rofu_uniform_ips_weight",
+            "Sum over those rows of w = (1/K) / propensity (SNIPS divides by it)",
+            registry=r,
+        )
+        self.uniform_value = Counter(
+            "rofu_uniform_ips_value",
+            'Sum over those rows of |w * reward|, by sign: the IPS numerator is sign="positive" '
+            'minus sign="negative"',
+            ["sign"],
+            registry=r,
+        )
+        self.uniform_square = Counter(
+            "rofu_uniform_ips_square",
+            "Sum over those rows of (w * reward)^2, for the IPS estimate's standard error",
+            registry=r,
+        )
+        for sign in SIGNS:  # both parts exported from the start, so their difference exists
+            self.uniform_value.labels(sign)
         self.database_errors = Counter(
             "rofu_database_errors_total",
             "Database failures (of requests, readiness probes and background refreshes) by "

@@ -78,7 +78,11 @@ class Runtime:
             cuda_graphs=settings.cuda_graphs,
         )
         decisions = DecisionBatch(
-            scorer, self.sessions, self.catalogue, on_scored=self.metrics.batch_size.observe
+            scorer,
+            self.sessions,
+            self.catalogue,
+            on_scored=self.metrics.batch_size.observe,
+            apprentice=settings.learning_mode == "apprentice",
         )
         self.batcher: MicroBatcher[Pending, Result] = MicroBatcher(
             decisions,

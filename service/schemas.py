@@ -53,6 +53,12 @@ class SelectRequest(_Strict):
     explore: bool = Field(
         default=True, description="False: choose by the mean alone (exploit); still logged"
     )
+    baseline_arm: ArmId | None = Field(
+        default=None,
+        description="The app's own choice, one of the candidates: served in apprentice mode "
+        "(ROFU_LEARNING_MODE=apprentice, where it is required), recorded for comparison in "
+        "online mode",
+    )
 
 
 class ArmProbability(BaseModel):
@@ -77,6 +83,11 @@ class SelectResponse(BaseModel):
         description="Per candidate, in the order of `scores`: the exact probability with "
         "which the rule picks it (the chosen arm's is `propensity`); null for decisions "
         "logged before probabilities were stored",
+    )
+    baseline_arm: str | None = Field(default=None, description="The request's baseline_arm")
+    rofu_arm: str | None = Field(
+        default=None,
+        description="Apprentice mode: the arm rofu's own rule chose (not served); else null",
     )
 
 

@@ -131,6 +131,11 @@ class Settings(BaseSettings):
     # still finish; a retry with the same event_id then finds it, never a second copy.
     request_deadline_seconds: Annotated[float, Field(gt=0, le=600)] = 15.0
 
+    # online: serve rofu's choice (a request's baseline_arm is only recorded); apprentice:
+    # serve the app's baseline_arm, log rofu's choice beside it, learn from the baseline's
+    # rewards (service.apprentice).
+    learning_mode: Literal["online", "apprentice"] = "online"
+
     # The trainer.
     embedded_trainer: bool = True
     train_every_rewards: Annotated[int, Field(ge=1)] = 50

@@ -89,12 +89,13 @@ def save_decision(sessions: SessionFactory, row: DecisionRow) -> tuple[DecisionR
 @dataclass(frozen=True)
 class RewardOutcome:
     """What /reward reports: the stored value, whether this post was a repeat, and
-    whether the stored reward is late (never trained on)."""
+    whether the stored reward is late (never trained on); and the decision it joins."""
 
     event_id: str
     value: float
     duplicate: bool
     late: bool
+    decision: DecisionRow | None = None
 
 
 def attach_reward(
@@ -133,7 +134,7 @@ def _attach(session: Session, event_id: str, value: float, window_seconds: float
         late = _is_late(decision, window_seconds)
         session.add(RewardRow(event_id=event_id, value=value, late=late))
         session.flush()
-        return RewardOutcome(event_id, value, duplicate=False, late=late)
+        return RewardOutcome(event_id, value, duplicate=False, late=late, decision=decision)
     if stored.value != value:
         raise Conflict(
             f"event {event_id!r} already has reward {stored.value}; the first value wins",

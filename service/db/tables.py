@@ -86,6 +86,13 @@ class DecisionRow(Base):
     # A list of models.scores.ArmScore as dicts (before 2026-11-25: arm -> [mean, bonus, ucb]).
     scores: Mapped[list[dict[str, Any]] | dict[str, Any]] = mapped_column(JSON)
     request_hash: Mapped[str] = mapped_column(String(64))
+    # The app's own choice (`baseline_arm`), when the request carried one; in apprentice
+    # mode it was served (probability 1, policy `apprentice`) and `rofu_arm` /
+    # `rofu_probabilities` keep what rofu's rule would have chosen, with what
+    # probabilities (None otherwise: rofu's choice is `arm_id`). Since 0006.
+    baseline_arm: Mapped[str | None] = mapped_column(String(128), default=None)
+    rofu_arm: Mapped[str | None] = mapped_column(String(128), default=None)
+    rofu_probabilities: Mapped[list[float] | None] = mapped_column(JSON, default=None)
     trained_in: Mapped[int | None] = mapped_column(default=None)
 
 

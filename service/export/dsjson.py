@@ -9,7 +9,7 @@ when only the chosen arm's is known). A rewarded event carries VW's label:
 `_label_Action` and `_labelIndex` (1- and 0-based positions of the chosen arm in
 `_multi`), and the outcome in `o`. An event without a reward has no label, so VW only
 predicts on it. VW ignores the `rofu` object, which keeps what VW has no field for: the
-policy, the per-arm scores, the late flag.
+policy, the per-arm scores, the late flag, apprentice mode's baseline and rofu's choice.
 """
 
 from __future__ import annotations
@@ -80,6 +80,9 @@ def _extension(record: LoggedDecision) -> dict[str, Any]:
         "reward": record.reward,
         "reward_received_at": None if received is None else received.isoformat(),
         "late": record.late,
+        "baseline_arm": record.baseline_arm,
+        "rofu_arm": record.rofu_arm,
+        "rofu_probabilities": record.rofu_probabilities,
     }
 
 

@@ -4,7 +4,8 @@
 Columns: event_id, created_at (UTC), context (list of floats), candidates (list of arm
 ids), arm, slot, propensity, probabilities (per candidate; null when only the propensity
 is known), model_version, policy, explore, scores (list of {arm, mean, bonus, ucb}),
-reward, reward_received_at and late (null without a reward).
+reward, reward_received_at and late (null without a reward), baseline_arm, rofu_arm and
+rofu_probabilities (apprentice mode; see `service.apprentice`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def _schema(pa: Any) -> Any:
             ("reward", pa.float64()),
             ("reward_received_at", when),
             ("late", pa.bool_()),
+            ("baseline_arm", pa.string()),
+            ("rofu_arm", pa.string()),
+            ("rofu_probabilities", pa.list_(pa.float64())),
         ]
     )
 

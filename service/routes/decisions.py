@@ -52,6 +52,14 @@ class DecisionRecord(BaseModel):
     reward: float | None
     reward_received_at: datetime | None
     late: bool | None = Field(description="The reward came after the decision's window")
+    baseline_arm: str | None = Field(description="The app's own choice the request carried")
+    rofu_arm: str | None = Field(
+        description="Apprentice mode (policy `apprentice`, the baseline served): the arm "
+        "rofu's rule would have chosen; else null"
+    )
+    rofu_probabilities: list[float] | None = Field(
+        description="Apprentice mode: rofu's rule's probabilities per candidate; else null"
+    )
 
     @classmethod
     def of(cls, record: LoggedDecision) -> DecisionRecord:
@@ -72,6 +80,9 @@ class DecisionRecord(BaseModel):
             reward=record.reward,
             reward_received_at=record.reward_received_at,
             late=record.late,
+            baseline_arm=record.baseline_arm,
+            rofu_arm=record.rofu_arm,
+            rofu_probabilities=record.rofu_probabilities,
         )
 
 

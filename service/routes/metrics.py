@@ -12,5 +12,6 @@ router = APIRouter(tags=["health"])
 
 @router.get("/metrics", response_class=Response)
 async def metrics(service_metrics: MetricsDep) -> Response:
-    """Request counts and latencies, batch sizes, selections, rewards, model version/age."""
+    """Request counts and latencies, batch sizes, selections, rewards (by outcome; by arm
+    and policy), the uniform baseline's IPS sums, model version/age."""
     return Response(generate_latest(service_metrics.registry), media_type=CONTENT_TYPE_LATEST)

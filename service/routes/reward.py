@@ -7,8 +7,10 @@ from starlette.concurrency import run_in_threadpool
 
 from service.db import repository
 from service.deadline import within
+from service.decisions import stored_scores
 from service.deps import ClientAuth, MetricsDep, SessionsDep, SettingsDep
 from service.errors import Conflict, InvalidInput, NotFound
+from service.reward_metrics import count_reward
 from service.routes import API_PREFIX
 from service.schemas import RewardRequest, RewardResponse, error_responses
 
@@ -47,6 +49,9 @@ async def reward(
         counter.labels("conflict").inc()
         raise
     counter.labels(_outcome(outcome)).inc()
+    if not outcome.duplicate and outcome.decision is not None:  # stored now: count it once
+        row = outcome.decision
+        count_reward(metrics, row, stored_scores(row), outcome.value)
     return RewardResponse(
         event_id=outcome.event_id,
         value=outcome.value,

@@ -3,11 +3,15 @@
 The processes, on one SQLite file: the API (`rofu serve`, serving a seeded checkpoint),
 the trainer (`rofu trainer`, its metrics on ROFU_TRAINER_METRICS_PORT) and a second API
 replica started with a different network shape, which refuses every checkpoint, serves
-model 0 and answers /readyz with 503 (a real 5xx, so the error-rate series exist). A
+model 0 and answers /readyz with 503 (a real 5xx, so the error-rate series exist). The
+API explores with a floor (ROFU_EXPLORATION_FLOOR), so its decisions are randomised over
+every candidate and feed the uniform baseline's IPS counters, and some choose an arm below
+the best mean (policy `explore`) while others choose the best (`exploit`). A
 Prometheus server of the test's own scrapes them every second under the job names of
 deploy/prometheus/prometheus.yml (rofu-api: both replicas; rofu-trainer) and loads
-deploy/prometheus/alerts.yml. After traffic (selects, rewards with duplicates, a conflict
-and an unknown event, bad requests), two trainer runs and a late reward (for a decision
+deploy/prometheus/alerts.yml. After traffic (selects, rewards of 1, 0 and -0.5 with
+duplicates, a conflict and an unknown event, bad requests, requests that ask not to
+explore), two trainer runs and a late reward (for a decision
 the trainer consumed), every expression of the Grafana
 dashboard and every alert rule is sent to Prometheus's HTTP API: each must parse and
 return data; for an alert condition (`x > 0.05`, `absent(x)`) the comparison is removed
@@ -49,6 +53,8 @@ ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
 # Grafana's built-in variables, as a dashboard over the last hour would set them.
 GRAFANA_VARIABLES = {"__rate_interval": "1m", "__interval": "15s", "__range": "1h"}
 CONTEXT_DIM = 4
+REWARDS = (1.0, 0.0, -0.5)  # reward of decision i of a round: REWARDS[i % 3]
+ROUND_REWARDS = 30  # decisions 0-29 of each round's 40 get a reward
 DEADLINE_S = 45  # for each wait below; the whole module takes about 30 s
 
 
@@ -214,16 +220,16 @@ def _drive(client: httpx.Client, round_no: int, statuses: dict[str, list[int]]) 
 
     def select(i: int) -> int:
         context = [((i * 7 + j) % 11) / 11 - 0.5 for j in range(CONTEXT_DIM)]
-        body = {"context": context, "event_id": f"r{round_no}-{i}"}
+        body = {"context": context, "event_id": f"r{round_no}-{i}", "explore": i % 8 != 7}
         return client.post("/v1/select", json=body).status_code
 
     with ThreadPoolExecutor(8) as pool:
         statuses["select"] += list(pool.map(select, range(40)))
-    for i in range(30):
-        body = {"event_id": f"r{round_no}-{i}", "value": float(i % 3 == 0)}
+    for i in range(ROUND_REWARDS):
+        body = {"event_id": f"r{round_no}-{i}", "value": REWARDS[i % 3]}
         statuses["reward"].append(client.post("/v1/reward", json=body).status_code)
     for i in range(3):
-        body = {"event_id": f"r{round_no}-{i}", "value": float(i % 3 == 0)}
+        body = {"event_id": f"r{round_no}-{i}", "value": REWARDS[i % 3]}
         statuses["duplicate"].append(client.post("/v1/reward", json=body).status_code)
     conflict = {"event_id": f"r{round_no}-0", "value": 5.0}
     statuses["conflict"].append(client.post("/v1/reward", json=conflict).status_code)
@@ -253,6 +259,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "ROFU_EMBEDDED_TRAINER": "false",
         "ROFU_CHECKPOINT_POLL_SECONDS": "1",
         "ROFU_HOST": "127.0.0.1",
+        "ROFU_EXPLORATION_FLOOR": "0.3",
     }
     trainer_port, canary_port, prometheus_port = free_port(), free_port(), free_port()
     trainer_env = {
@@ -464,6 +471,35 @@ def test_prometheus_queries_see_what_happened(stack: Stack) -> None:
     }
     for expr, least in checks.items():
         _wait(f"{expr} >= {least}", lambda e=expr, n=least: value(e) >= n, [])
+
+
+def test_prometheus_business_metrics_add_up(stack: Stack) -> None:
+    """Every stored reward counted once, late included: the counts match the outcomes,
+    the sum matches what was posted, and the uniform estimate's rows are the randomised
+    ones."""
+    prometheus = stack.prometheus
+
+    def value(expr: str) -> float:
+        result = prometheus.query(expr)["data"]["result"]
+        return float(result[0]["value"][1]) if result else float("nan")
+
+    rounds, late = 2, 1.0
+    posted = [REWARDS[i % 3] for i in range(ROUND_REWARDS)] * rounds + [late]
+    # explore: false for decisions 7, 15, 23 of each round: argmax, not randomised
+    randomised = (ROUND_REWARDS - 3) * rounds + 1  # and the late one, r1-35
+    api = 'job="rofu-api"'
+    expected = {
+        f"sum(rofu_rewarded_decisions_total{{{api}}})": len(posted),
+        f'sum(rofu_rewards_total{{{api}, outcome=~"accepted|late"}})': len(posted),
+        f'sum(rofu_reward_value_total{{{api}, sign="positive"}}) - '
+        f'sum(rofu_reward_value_total{{{api}, sign="negative"}})': sum(posted),
+        f"sum(rofu_uniform_ips_rows_total{{{api}}})": randomised,
+    }
+    for expr, number in expected.items():
+        _wait(f"{expr} == {number}", lambda e=expr, n=number: abs(value(e) - n) < 1e-9, [])
+    policies = 'sum by (policy) (rofu_selections_total{job="rofu-api"})'
+    found = {s["metric"]["policy"] for s in prometheus.query(policies)["data"]["result"]}
+    assert {"explore", "exploit"} <= found <= {"explore", "exploit", "cold-start", "apprentice"}
 
 
 def test_prometheus_condition_operands() -> None:

@@ -1,14 +1,49 @@
-"""The newest revision (0004: decision probabilities, late rewards) up and down on SQLite."""
+"""The newest revisions (0004: decision probabilities, late rewards; 0006: apprentice
+mode's columns) up and down on SQLite."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from sqlalchemy import inspect, text
+
 from service import migrate
+from service.db.engine import make_engine
 from tests.support import migration_0004_round_trip
+
+APPRENTICE_COLUMNS = {"baseline_arm", "rofu_arm", "rofu_probabilities"}
 
 
 def test_migrations_0004_upgrades_and_downgrades_on_sqlite(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/migrate.sqlite"
     migration_0004_round_trip(url)
-    assert migrate.current_revision_of(url) == migrate.head_revision() == "0004"
+    assert migrate.current_revision_of(url) == migrate.head_revision() == "0006"
+
+
+def test_migrations_0006_adds_and_drops_the_apprentice_columns_on_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/migrate.sqlite"
+    migrate.upgrade(url, "0004")
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "insert into decisions (event_id, created_at, context, candidates, arm_id,"
+                    " slot, propensity, model_version, explore, policy, scores, request_hash)"
+                    " values ('m-1', '2026-01-01 00:00:00+00:00', '[0.0]', '[\"arm-0\"]',"
+                    " 'arm-0', 0, 1.0, 0, true, 'cold-start', '[]', 'h')"
+                )
+            )
+        for step in ("0006", "0004", "0006"):
+            (migrate.upgrade if step == "0006" else migrate.downgrade)(url, step)
+            engine.dispose()
+            columns = {column["name"] for column in inspect(engine).get_columns("decisions")}
+            assert (columns >= APPRENTICE_COLUMNS) is (step == "0006")
+            assert not APPRENTICE_COLUMNS & columns or step == "0006"
+            with engine.connect() as connection:
+                assert connection.execute(text("select count(*) from decisions")).scalar() == 1
+                if step == "0006":
+                    query = "select baseline_arm, rofu_arm, rofu_probabilities from decisions"
+                    assert tuple(connection.execute(text(query)).one()) == (None, None, None)
+    finally:
+        engine.dispose()
