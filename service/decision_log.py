@@ -22,7 +22,7 @@ from sqlalchemy import and_, or_, select
 from models.scores import ArmScore
 from service.db.engine import SessionFactory
 from service.db.repository import database_errors
-from service.db.tables import DecisionRow, RewardRow
+from service.db.tables import DecisionRow, RewardRow, is_active
 from service.decisions import stored_scores
 from service.errors import InvalidInput
 from service.schemas import EVENT_ID_PATTERN
@@ -54,6 +54,10 @@ class LoggedDecision:
             start is uniform, a propensity of 1 leaves the others 0).
         reward: the stored reward, None when none arrived.
         late: whether the reward came after the decision's window (None: not recorded).
+        deferred: logged with `defer`: trained on and evaluated only once activated.
+        activated_at: a deferred decision's first activation (None: never activated).
+        activation_late: the activation came after the window or after the trainer
+            consumed the decision.
     """
 
     event_id: str
@@ -71,6 +75,15 @@ class LoggedDecision:
     reward: float | None
     reward_received_at: datetime | None
     late: bool | None
+    deferred: bool = False
+    activated_at: datetime | None = None
+    activation_late: bool = False
+
+    @property
+    def active(self) -> bool:
+        """Whether the decision counts (training, evaluation, OBP rounds): not deferred,
+        or activated in time. DSJSON marks the others `_skipLearn`."""
+        return is_active(self.deferred, self.activated_at, self.activation_late)
 
     @property
     def chosen_index(self) -> int:
@@ -177,6 +190,9 @@ def record(decision: DecisionRow, reward: RewardRow | None) -> LoggedDecision:
         reward=None if reward is None else reward.value,
         reward_received_at=None if reward is None else reward.received_at,
         late=None if reward is None else _optional_bool(getattr(reward, "late", None)),
+        deferred=decision.deferred,
+        activated_at=decision.activated_at,
+        activation_late=decision.activation_late,
     )
 
 

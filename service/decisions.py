@@ -22,15 +22,15 @@ from service.settings import Settings
 
 def request_hash(body: SelectRequest) -> str:
     """A digest of everything that defines the request (not the key itself)."""
-    canonical = json.dumps(
-        {
-            "context": body.context,
-            "arms": body.arms,
-            "exclude": sorted(set(body.exclude or ())),  # omitted == [] == same ids reordered
-            "explore": body.explore,
-        },
-        sort_keys=True,
-    )
+    defining = {
+        "context": body.context,
+        "arms": body.arms,
+        "exclude": sorted(set(body.exclude or ())),  # omitted == [] == same ids reordered
+        "explore": body.explore,
+    }
+    if body.defer:  # hashed only when set: digests stored before `defer` existed still match
+        defining["defer"] = True
+    canonical = json.dumps(defining, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -48,6 +48,8 @@ async def decide(
         raise result
     if result.created:
         metrics.selections.labels(result.row.arm_id, result.row.policy).inc()
+        if result.row.deferred:
+            metrics.deferred.labels("deferred").inc()
     return response(result.row)
 
 
@@ -94,4 +96,5 @@ def response(row: DecisionRow) -> SelectResponse:
             ArmProbability(arm=arm, probability=p)
             for arm, p in zip(row.candidates, row.probabilities, strict=True)
         ],
+        deferred=row.deferred,
     )

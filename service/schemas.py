@@ -6,7 +6,8 @@ unknown fields are refused, so a typo never passes silently.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from datetime import datetime
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -53,6 +54,11 @@ class SelectRequest(_Strict):
     explore: bool = Field(
         default=True, description="False: choose by the mean alone (exploit); still logged"
     )
+    defer: bool = Field(
+        default=False,
+        description="True: trained on only once POST /v1/events/{event_id}/activate "
+        "activates it within the reward window (the app may not show the choice)",
+    )
 
 
 class ArmProbability(BaseModel):
@@ -78,6 +84,9 @@ class SelectResponse(BaseModel):
         "which the rule picks it (the chosen arm's is `propensity`); null for decisions "
         "logged before probabilities were stored",
     )
+    deferred: bool = Field(
+        default=False, description="Logged with `defer`: awaits activation to be trained on"
+    )
 
 
 class RewardRequest(_Strict):
@@ -98,6 +107,23 @@ class RewardResponse(BaseModel):
         description="The reward came after the decision's window closed or after a "
         "checkpoint consumed the decision: stored, but never trained on",
     )
+
+
+class ActivateResponse(BaseModel):
+    """What POST /v1/events/{event_id}/activate did."""
+
+    event_id: str
+    status: Literal["activated", "already_active", "late"] = Field(
+        description="`activated`: the decision is active and will be trained on; "
+        "`already_active`: it was never deferred, or an earlier call activated it; "
+        "`late`: activated after its window closed or after the trainer consumed it: "
+        "stored, but never trained on or evaluated"
+    )
+    deferred: bool = Field(description="Whether the decision was logged with `defer`")
+    activated_at: datetime | None = Field(
+        description="The first activation's time; null for a decision never deferred"
+    )
+    duplicate: bool = Field(description="An earlier activation was stored: nothing changed")
 
 
 class ArmRequest(_Strict):

@@ -4,7 +4,9 @@
 Columns: event_id, created_at (UTC), context (list of floats), candidates (list of arm
 ids), arm, slot, propensity, probabilities (per candidate; null when only the propensity
 is known), model_version, policy, explore, scores (list of {arm, mean, bonus, ucb}),
-reward, reward_received_at and late (null without a reward).
+reward, reward_received_at and late (null without a reward), deferred, activated_at,
+activation_late and active (false: a deferred decision not activated in time, which
+training and evaluation leave out).
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ def _schema(pa: Any) -> Any:
             ("reward", pa.float64()),
             ("reward_received_at", when),
             ("late", pa.bool_()),
+            ("deferred", pa.bool_()),
+            ("activated_at", when),
+            ("activation_late", pa.bool_()),
+            ("active", pa.bool_()),
         ]
     )
 
@@ -59,6 +65,7 @@ def parquet_row(record: LoggedDecision) -> dict[str, Any]:
     """The Parquet row of a record (also the JSON of `GET /v1/decisions`, less the types)."""
     row = dataclasses.asdict(record)
     row["arm"] = row.pop("arm_id")
+    row["active"] = record.active
     return row
 
 
