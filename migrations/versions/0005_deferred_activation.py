@@ -9,7 +9,7 @@ never trained on. Existing decisions are not deferred.
 
 Revision ID: 0005
 Revises: 0004
-Create Date: 2026-12-02
+Create Date: 2026-11-25
 """
 
 from __future__ import annotations

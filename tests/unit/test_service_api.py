@@ -557,6 +557,7 @@ async def test_service_openapi_lists_the_api(service: Service) -> None:
         "/v1/arms",
         "/v1/arms/{arm_id}",
         "/v1/model",
+        "/v1/events/{event_id}/activate",
         "/readyz",
     ):
         assert path in paths, path
@@ -565,7 +566,14 @@ async def test_service_openapi_lists_the_api(service: Service) -> None:
     assert {"get", "post"} <= set(paths["/v1/arms"])
     assert "422" in paths["/v1/select"]["post"]["responses"]
     request = schema["components"]["schemas"]["SelectRequest"]
-    assert set(request["properties"]) == {"context", "event_id", "arms", "exclude", "explore"}
+    assert set(request["properties"]) == {
+        "context",
+        "event_id",
+        "arms",
+        "exclude",
+        "explore",
+        "defer",
+    }
     assert request["required"] == ["context"]
 
 
