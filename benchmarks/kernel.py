@@ -350,12 +350,25 @@ def _percent(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `rofu bench kernel`."""
+    parser = argparse.ArgumentParser(prog="rofu bench kernel", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--device",
+        default="auto",
+        choices=("auto", "cpu", "cuda"),
+        help="where to time the kernels (default auto: cuda when available, else cpu)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=7, help="timed repetitions per contender (default 7)"
+    )
+    parser.add_argument("--json", dest="json_path", help="also write the figures as JSON here")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m benchmarks.kernel` and `rofu bench kernel`."""
-    parser = argparse.ArgumentParser(prog="rofu bench kernel", description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--json", dest="json_path", help="also write the figures as JSON here")
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")

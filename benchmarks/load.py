@@ -88,8 +88,8 @@ def concurrency_levels(text: str) -> tuple[int, ...]:
     return levels
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """Parse and validate the command line."""
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `rofu bench load`."""
     work = Workload()
     parser = argparse.ArgumentParser(prog="rofu bench load", description=__doc__.split("\n")[0])
     add = parser.add_argument
@@ -103,7 +103,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--repeats", type=int, default=7, help="in-process repetitions (default 7)")
     add("--database-url", help="a Postgres database to use instead of a fresh SQLite file")
     add("--trainer", action="store_true", help="keep the embedded trainer on (window 0 s)")
-    add("--seed", type=int, default=0)
+    add("--seed", type=int, default=0, help="the clients' contexts and rewards (default 0)")
     add("--json", dest="json_path", help="also write the figures as JSON here")
     add("--torch-threads", type=int, help="ROFU_TORCH_THREADS of the server (default: torch's)")
     add("--workers", type=int, default=1, help="`rofu serve --workers` (default 1)")
@@ -113,6 +113,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=PRODUCT.rofu.estimator,
         help=f"ROFU_ESTIMATOR of the server (default {PRODUCT.rofu.estimator}, the product's)",
     )
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Parse and validate the command line."""
+    work = Workload()
+    parser = build_parser()
     args = parser.parse_args(argv)
     checks = {
         "--requests must be >= --rounds": args.requests < max(args.rounds, 1),

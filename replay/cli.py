@@ -349,10 +349,8 @@ def _http(
     return 0
 
 
-def ope_main(argv: list[str] | None = None) -> int:
-    """Entry point of `rofu ope`: off-policy estimates on the Open Bandit Dataset sample."""
-    from replay.ope import run_ope
-
+def build_ope_parser() -> argparse.ArgumentParser:
+    """The parser of `rofu ope`."""
     parser = argparse.ArgumentParser(
         prog="rofu ope",
         description="Replay (Li et al. 2011), IPS and DR estimates of each policy's value on "
@@ -364,7 +362,12 @@ def ope_main(argv: list[str] | None = None) -> int:
         default="random",
         help="the logged policy (replay needs the uniform-random log)",
     )
-    parser.add_argument("--campaign", choices=("all", "men", "women"), default="all")
+    parser.add_argument(
+        "--campaign",
+        choices=("all", "men", "women"),
+        default="all",
+        help="the Open Bandit Dataset campaign (default all)",
+    )
     parser.add_argument(
         "--policies",
         type=_names,
@@ -372,11 +375,25 @@ def ope_main(argv: list[str] | None = None) -> int:
         help="comma-separated (default: Uniform, EpsilonGreedy, LinUCB, ROFU)",
     )
     parser.add_argument("--rows", type=int, help="only the first N logged rows")
-    parser.add_argument("--ci", choices=("normal", "bootstrap"), default="normal")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--data-dir", type=Path)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT / "ope")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--ci",
+        choices=("normal", "bootstrap"),
+        default="normal",
+        help="95%% intervals by the normal approximation or the bootstrap (default normal)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="DR's folds and the bootstrap")
+    parser.add_argument("--data-dir", type=Path, help="benchmark data (default ROFU_DATA_DIR)")
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT / "ope", help=f"default {DEFAULT_OUT / 'ope'}"
+    )
+    return parser
+
+
+def ope_main(argv: list[str] | None = None) -> int:
+    """Entry point of `rofu ope`: off-policy estimates on the Open Bandit Dataset sample."""
+    from replay.ope import run_ope
+
+    args = build_ope_parser().parse_args(argv)
     run_ope(
         list(args.policies),
         args.behavior,

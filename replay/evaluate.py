@@ -242,6 +242,7 @@ def run_evaluation(
     figures: dict[str, Any] = {
         "rows": len(log),
         "unrewarded": log.unrewarded,
+        "unactivated": log.unactivated,
         "since": None if window.since is None else window.since.isoformat(),
         "until": None if window.until is None else window.until.isoformat(),
         "logged_versions": sorted({int(v) for v in log.versions}),
@@ -268,7 +269,8 @@ def _numbers(kind: type[float] | type[int], low: float = 0.0, high: float = math
     return parse
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `rofu evaluate`."""
     from service.cli import moment
 
     parser = argparse.ArgumentParser(
@@ -297,7 +299,12 @@ def _parser() -> argparse.ArgumentParser:
         type=_numbers(int, low=1),
         help="stored versions to replay (default: the one before the served one)",
     )
-    parser.add_argument("--ci", choices=("normal", "bootstrap"), default="normal")
+    parser.add_argument(
+        "--ci",
+        choices=("normal", "bootstrap"),
+        default="normal",
+        help="95%% intervals by the normal approximation or the bootstrap (default normal)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="DR's folds and the bootstrap")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"default {DEFAULT_OUT}")
     return parser
@@ -307,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `rofu evaluate`."""
     from service.settings import get_settings
 
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     variations = Variations(args.floors, args.bonus_scales, args.checkpoints)
     try:
         window = Window(*(None if m is None else utc(m) for m in (args.since, args.until)))

@@ -52,7 +52,8 @@ def markdown(data: dict[str, Any]) -> str:
         "# Offline evaluation on the service's decision log",
         "",
         f"{data['rows']} rewarded decisions {window} ({data['unrewarded']} without a reward "
-        f"left out), decided by model versions {data['logged_versions']}; 95% intervals "
+        f"and {data.get('unactivated', 0)} deferred, never activated, left out), decided by "
+        f"model versions {data['logged_versions']}; 95% intervals "
         f"({data['ci']}), seed {data['seed']}. Logged policy (mean reward): "
         f"{_cell(data['logged'])}.",
         "",

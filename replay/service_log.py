@@ -1,9 +1,10 @@
 """The service's own decision log as arrays, and a stored checkpoint's scores on it.
 
 `read_service_log` reads the rewarded decisions through the export reader
-(`service.decision_log`); `checkpoint_scores` scores the logged contexts with a stored
-checkpoint exactly as the service would have: the same network, ROFU settings, clamping
-and per-version generator.
+(`service.decision_log`), leaving out deferred decisions not activated in time (their
+choice may not have been shown, so they say nothing of any policy's value);
+`checkpoint_scores` scores the logged contexts with a stored checkpoint exactly as the
+service would have: the same network, ROFU settings, clamping and per-version generator.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class ServiceLog:
         rule: (N, S) rofu's own rule's probabilities: those it served by, or on an
             apprentice row those it would have (0 off the candidates; NaN rows where
             not logged).
+        unactivated: deferred decisions left out for want of an activation in time.
     """
 
     contexts: np.ndarray
@@ -67,6 +69,7 @@ class ServiceLog:
     baselines: np.ndarray
     served_baseline: np.ndarray
     rule: np.ndarray
+    unactivated: int = 0
 
     def __len__(self) -> int:
         return int(self.actions.shape[0])
@@ -89,7 +92,8 @@ class ServiceLog:
 def read_service_log(
     sessions: SessionFactory, window: Window = EVERYTHING, default_reward: float | None = None
 ) -> ServiceLog:
-    """The window's decisions that have a reward (all of them with `default_reward`).
+    """The window's active decisions that have a reward (all of them with
+    `default_reward`); deferred decisions not activated in time are left out.
 
     Raises:
         EvaluationError: no decision has a reward, or the context length changes.
@@ -97,28 +101,31 @@ def read_service_log(
     catalogue = CatalogueCache(sessions, ttl_s=0.0).refresh()
     slots = {arm.id: arm.slot for arm in catalogue.arms}
     rows: list[tuple[LoggedDecision, float]] = []
-    unrewarded = 0
+    unrewarded = unactivated = 0
     for record in iter_decisions(sessions, window):
         reward = record.reward if record.reward is not None else default_reward
-        if reward is None:
+        if not record.active:
+            unactivated += 1
+        elif reward is None:
             unrewarded += 1
         else:
             rows.append((record, reward))
     if not rows:
         raise EvaluationError(
-            f"no rewarded decision in the window ({unrewarded} without a reward); "
+            f"no rewarded decision in the window ({unrewarded} without a reward, "
+            f"{unactivated} deferred and never activated); "
             "evaluation needs rewards (or ROFU_DEFAULT_REWARD)"
         )
     if len({len(record.context) for record, _ in rows}) > 1:
         raise EvaluationError("the context length changes within the window (--since/--until)")
-    return _arrays(rows, catalogue, slots, unrewarded)
+    return _arrays(rows, catalogue, slots, (unrewarded, unactivated))
 
 
 def _arrays(
     rows: list[tuple[LoggedDecision, float]],
     catalogue: Catalogue,
     slots: dict[str, int],
-    unrewarded: int,
+    left_out: tuple[int, int],  # (unrewarded, unactivated)
 ) -> ServiceLog:
     n, width = len(rows), catalogue.n_slots
     candidates = np.zeros((n, width), dtype=bool)
@@ -141,7 +148,8 @@ def _arrays(
         explore=np.array([r.explore for r in records], dtype=bool),
         versions=np.array([r.model_version for r in records], dtype=np.int64),
         catalogue=catalogue,
-        unrewarded=unrewarded,
+        unrewarded=left_out[0],
+        unactivated=left_out[1],
         baselines=np.array(
             [-1 if r.baseline_arm is None else slots[r.baseline_arm] for r in records],
             dtype=np.int64,

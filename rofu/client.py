@@ -5,13 +5,18 @@
     with RofuClient("http://127.0.0.1:8000", api_key="...") as rofu:
         decision = rofu.select([0.1, 0.5, -0.2, 0.0, 1.0, 0.3, 0.0, 0.7])
         rofu.reward(decision.event_id, 1.0)
+        shown = rofu.select([0.3, 0.1, 0.0, 0.2, 0.5, 0.0, 0.1, 0.9], defer=True)
+        rofu.activate(shown.event_id)  # trained on only once the app showed it
+        for record in rofu.export(since="2026-12-01"):  # the decision log (admin key)
+            print(record.event_id, record.arm, record.reward, record.active)
 
 Requests and responses are the server's own schemas (`service.schemas`). A request that
 gets a 503 or cannot connect is retried after the server's `Retry-After` (or an
 exponential backoff), at most `retries` times and never waiting longer than
 `max_backoff_s` at once. `select` draws its `event_id` before the first attempt, so a
 retry repeats the same request and the service returns the one decision it stored.
-Errors are `RofuError` with the server's code, message and field.
+Errors are `RofuError` with the server's code, message and field. `checkpoints` and
+`export` follow the server's `Link` headers page by page, holding one page at a time.
 """
 
 from __future__ import annotations
@@ -22,12 +27,16 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import httpx
 from pydantic import TypeAdapter
 
+from service.decision_record import DecisionRecord
 from service.schemas import (
+    ActivateResponse,
     ArmResponse,
     CheckpointInfo,
     ModelResponse,
@@ -75,17 +84,34 @@ def _select(
     arms: Sequence[str] | None,
     exclude: Sequence[str] | None,
     explore: bool,
+    defer: bool,
 ) -> Call:
     body: dict[str, Any] = {
         "context": list(context),
         "event_id": event_id or uuid.uuid4().hex,  # drawn once: every retry repeats it
         "explore": explore,
+        "defer": defer,
     }
     if arms is not None:
         body["arms"] = list(arms)
     if exclude is not None:
         body["exclude"] = list(exclude)
     return Call("POST", "/v1/select", body)
+
+
+def _activate(event_id: str) -> Call:
+    return Call("POST", f"/v1/events/{quote(event_id, safe='')}/activate")
+
+
+Moment = datetime | str | None  # an ISO 8601 date or time; without an offset, UTC
+
+
+def _export(since: Moment, until: Moment, page_size: int) -> Call:
+    params: dict[str, Any] = {"limit": page_size}
+    for name, moment in (("since", since), ("until", until)):
+        if moment is not None:
+            params[name] = moment.isoformat() if isinstance(moment, datetime) else moment
+    return Call("GET", "/v1/decisions", params=params)
 
 
 def _parse(adapter: TypeAdapter[T], response: httpx.Response) -> T:
@@ -145,6 +171,8 @@ ARM = TypeAdapter(ArmResponse)
 ARMS = TypeAdapter(list[ArmResponse])
 MODEL = TypeAdapter(ModelResponse)
 CHECKPOINTS = TypeAdapter(list[CheckpointInfo])
+ACTIVATED = TypeAdapter(ActivateResponse)
+RECORDS = TypeAdapter(list[DecisionRecord])
 
 
 class RofuClient:
@@ -200,15 +228,22 @@ class RofuClient:
         arms: Sequence[str] | None = None,
         exclude: Sequence[str] | None = None,
         explore: bool = True,
+        defer: bool = False,
     ) -> SelectResponse:
-        """POST /v1/select: a decision (the same one again for a repeated `event_id`)."""
-        call = _select(context, event_id, arms, exclude, explore)
+        """POST /v1/select: a decision (the same one again for a repeated `event_id`);
+        with `defer`, trained on only once `activate` activates it."""
+        call = _select(context, event_id, arms, exclude, explore, defer)
         return _parse(SELECTED, self.send(call))
 
     def reward(self, event_id: str, value: float) -> RewardResponse:
         """POST /v1/reward: the reward of a decision (a repeat is `duplicate`)."""
         call = Call("POST", "/v1/reward", {"event_id": event_id, "value": value})
         return _parse(REWARDED, self.send(call))
+
+    def activate(self, event_id: str) -> ActivateResponse:
+        """POST /v1/events/{event_id}/activate: a deferred decision may be trained on
+        (idempotent; `status` says `late` when it came too late to count)."""
+        return _parse(ACTIVATED, self.send(_activate(event_id)))
 
     def arms(self) -> list[ArmResponse]:
         """GET /v1/arms: every arm, active and retired."""
@@ -229,10 +264,23 @@ class RofuClient:
 
     def checkpoints(self, page_size: int = 50) -> Iterator[CheckpointInfo]:
         """Every stored checkpoint, newest first, following the pages' `Link` headers."""
-        call: Call | None = Call("GET", "/v1/model/checkpoints", params={"limit": page_size})
+        call = Call("GET", "/v1/model/checkpoints", params={"limit": page_size})
+        return self._pages(call, CHECKPOINTS)
+
+    def export(
+        self, since: Moment = None, until: Moment = None, *, page_size: int = 1000
+    ) -> Iterator[DecisionRecord]:
+        """GET /v1/decisions (admin key): every logged decision in `[since, until)`, oldest
+        first, with its reward and activation (`active` is false for a deferred decision
+        not activated in time), one page at a time."""
+        return self._pages(_export(since, until, page_size), RECORDS)
+
+    def _pages(self, first: Call, adapter: TypeAdapter[list[T]]) -> Iterator[T]:
+        """The items of `first`'s page and of every page its `Link` headers lead to."""
+        call: Call | None = first
         while call is not None:
             response = self.send(call)
-            yield from _parse(CHECKPOINTS, response)
+            yield from _parse(adapter, response)
             target = _next_page(response)
             call = None if target is None else Call("GET", target)
 
@@ -295,15 +343,20 @@ class AsyncRofuClient:
         arms: Sequence[str] | None = None,
         exclude: Sequence[str] | None = None,
         explore: bool = True,
+        defer: bool = False,
     ) -> SelectResponse:
         """POST /v1/select."""
-        call = _select(context, event_id, arms, exclude, explore)
+        call = _select(context, event_id, arms, exclude, explore, defer)
         return _parse(SELECTED, await self.send(call))
 
     async def reward(self, event_id: str, value: float) -> RewardResponse:
         """POST /v1/reward."""
         call = Call("POST", "/v1/reward", {"event_id": event_id, "value": value})
         return _parse(REWARDED, await self.send(call))
+
+    async def activate(self, event_id: str) -> ActivateResponse:
+        """POST /v1/events/{event_id}/activate."""
+        return _parse(ACTIVATED, await self.send(_activate(event_id)))
 
     async def arms(self) -> list[ArmResponse]:
         """GET /v1/arms."""
@@ -313,12 +366,23 @@ class AsyncRofuClient:
         """GET /v1/model."""
         return _parse(MODEL, await self.send(Call("GET", "/v1/model")))
 
-    async def checkpoints(self, page_size: int = 50) -> AsyncIterator[CheckpointInfo]:
+    def checkpoints(self, page_size: int = 50) -> AsyncIterator[CheckpointInfo]:
         """Every stored checkpoint, newest first, page by page."""
-        call: Call | None = Call("GET", "/v1/model/checkpoints", params={"limit": page_size})
+        call = Call("GET", "/v1/model/checkpoints", params={"limit": page_size})
+        return self._pages(call, CHECKPOINTS)
+
+    def export(
+        self, since: Moment = None, until: Moment = None, *, page_size: int = 1000
+    ) -> AsyncIterator[DecisionRecord]:
+        """GET /v1/decisions (admin key), page by page."""
+        return self._pages(_export(since, until, page_size), RECORDS)
+
+    async def _pages(self, first: Call, adapter: TypeAdapter[list[T]]) -> AsyncIterator[T]:
+        """The items of `first`'s page and of every page its `Link` headers lead to."""
+        call: Call | None = first
         while call is not None:
             response = await self.send(call)
-            for info in _parse(CHECKPOINTS, response):
-                yield info
+            for item in _parse(adapter, response):
+                yield item
             target = _next_page(response)
             call = None if target is None else Call("GET", target)

@@ -21,7 +21,17 @@ from service.db.faults import DatabaseFaults, as_unavailable, is_outage
 from service.deps import ClientAuth
 from service.errors import ServiceError, Unavailable, error_response
 from service.middleware import BodyLimitMiddleware, MetricsMiddleware
-from service.routes import admin, arms, decisions, health, metrics, model, reward, select
+from service.routes import (
+    admin,
+    arms,
+    decisions,
+    events,
+    health,
+    metrics,
+    model,
+    reward,
+    select,
+)
 from service.runtime import Runtime
 from service.settings import Settings, get_settings
 
@@ -55,6 +65,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in (
         select.router,
         reward.router,
+        events.router,
         arms.router,
         model.router,
         decisions.router,

@@ -212,4 +212,5 @@ def _row(pending: Pending, job: SelectJob, outcome: SelectOutcome) -> DecisionRo
         policy=outcome.policy,
         scores=scores,
         request_hash=pending.digest,
+        deferred=pending.body.defer,
     )

@@ -23,7 +23,7 @@ from models.scores import ArmScore
 from service.apprentice import APPRENTICE
 from service.db.engine import SessionFactory
 from service.db.repository import database_errors
-from service.db.tables import DecisionRow, RewardRow
+from service.db.tables import DecisionRow, RewardRow, is_active
 from service.decisions import stored_scores
 from service.errors import InvalidInput
 from service.schemas import EVENT_ID_PATTERN
@@ -58,6 +58,10 @@ class LoggedDecision:
         baseline_arm: the app's own choice the request carried (None: none).
         rofu_arm, rofu_probabilities: in apprentice mode, which served the baseline, what
             rofu's rule would have chosen and its probabilities (None otherwise).
+        deferred: logged with `defer`: trained on and evaluated only once activated.
+        activated_at: a deferred decision's first activation (None: never activated).
+        activation_late: the activation came after the window or after the trainer
+            consumed the decision.
     """
 
     event_id: str
@@ -78,6 +82,9 @@ class LoggedDecision:
     baseline_arm: str | None = None
     rofu_arm: str | None = None
     rofu_probabilities: list[float] | None = None
+    deferred: bool = False
+    activated_at: datetime | None = None
+    activation_late: bool = False
 
     @property
     def rule_probabilities(self) -> list[float] | None:
@@ -86,6 +93,12 @@ class LoggedDecision:
         if self.policy == APPRENTICE:
             return self.rofu_probabilities
         return self.probabilities
+
+    @property
+    def active(self) -> bool:
+        """Whether the decision counts (training, evaluation, OBP rounds): not deferred,
+        or activated in time. DSJSON marks the others `_skipLearn`."""
+        return is_active(self.deferred, self.activated_at, self.activation_late)
 
     @property
     def chosen_index(self) -> int:
@@ -197,6 +210,9 @@ def record(decision: DecisionRow, reward: RewardRow | None) -> LoggedDecision:
         rofu_probabilities=None
         if decision.rofu_probabilities is None
         else [float(p) for p in decision.rofu_probabilities],
+        deferred=decision.deferred,
+        activated_at=decision.activated_at,
+        activation_late=decision.activation_late,
     )
 
 

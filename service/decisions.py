@@ -23,17 +23,18 @@ from service.settings import Settings
 
 def request_hash(body: SelectRequest) -> str:
     """A digest of everything that defines the request (not the key itself)."""
-    canonical = json.dumps(
-        {
-            "context": body.context,
-            "arms": body.arms,
-            "exclude": sorted(set(body.exclude or ())),  # omitted == [] == same ids reordered
-            "explore": body.explore,
-            # only when given: the digests of requests without one stay as they were
-            **({} if body.baseline_arm is None else {"baseline_arm": body.baseline_arm}),
-        },
-        sort_keys=True,
-    )
+    defining: dict[str, object] = {
+        "context": body.context,
+        "arms": body.arms,
+        "exclude": sorted(set(body.exclude or ())),  # omitted == [] == same ids reordered
+        "explore": body.explore,
+    }
+    # hashed only when given: the digests stored before these fields existed still match
+    if body.baseline_arm is not None:
+        defining["baseline_arm"] = body.baseline_arm
+    if body.defer:
+        defining["defer"] = True
+    canonical = json.dumps(defining, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -51,6 +52,8 @@ async def decide(
         raise result
     if result.created:
         count_selection(metrics, result.row, stored_scores(result.row))
+        if result.row.deferred:
+            metrics.deferred.labels("deferred").inc()
     return response(result.row)
 
 
@@ -99,4 +102,5 @@ def response(row: DecisionRow) -> SelectResponse:
         ],
         baseline_arm=row.baseline_arm,
         rofu_arm=row.rofu_arm,
+        deferred=row.deferred,
     )

@@ -91,6 +91,16 @@ class ServiceMetrics:
         )
         for sign in SIGNS:  # both parts exported from the start, so their difference exists
             self.uniform_value.labels(sign)
+        self.deferred = Counter(
+            "rofu_deferred_decisions_total",
+            "Deferred decisions by event: deferred (logged with defer), activated (in time), "
+            "late (activated after its window or its consumption: never trained on), expired "
+            "(consumed by the trainer without an activation in time: never trained on)",
+            ["event"],
+            registry=r,
+        )
+        for event in ("deferred", "activated", "late", "expired"):  # zero series from the start
+            self.deferred.labels(event)
         self.database_errors = Counter(
             "rofu_database_errors_total",
             "Database failures (of requests, readiness probes and background refreshes) by "

@@ -27,7 +27,8 @@ from service.security import KeyRing
 from service.settings import Settings
 from service.snapshot import SnapshotHolder
 from service.threads import apply_torch_threads
-from service.trainer import Trainer, TrainerLoop
+from service.trainer import Trainer
+from service.trainer_loop import TrainerLoop
 
 log = logging.getLogger("rofu.runtime")
 T = TypeVar("T")

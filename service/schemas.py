@@ -6,7 +6,8 @@ unknown fields are refused, so a typo never passes silently.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from datetime import datetime
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -59,6 +60,11 @@ class SelectRequest(_Strict):
         "(ROFU_LEARNING_MODE=apprentice, where it is required), recorded for comparison in "
         "online mode",
     )
+    defer: bool = Field(
+        default=False,
+        description="True: trained on only once POST /v1/events/{event_id}/activate "
+        "activates it within the reward window (the app may not show the choice)",
+    )
 
 
 class ArmProbability(BaseModel):
@@ -89,6 +95,9 @@ class SelectResponse(BaseModel):
         default=None,
         description="Apprentice mode: the arm rofu's own rule chose (not served); else null",
     )
+    deferred: bool = Field(
+        default=False, description="Logged with `defer`: awaits activation to be trained on"
+    )
 
 
 class RewardRequest(_Strict):
@@ -109,6 +118,23 @@ class RewardResponse(BaseModel):
         description="The reward came after the decision's window closed or after a "
         "checkpoint consumed the decision: stored, but never trained on",
     )
+
+
+class ActivateResponse(BaseModel):
+    """What POST /v1/events/{event_id}/activate did."""
+
+    event_id: str
+    status: Literal["activated", "already_active", "late"] = Field(
+        description="`activated`: the decision is active and will be trained on; "
+        "`already_active`: it was never deferred, or an earlier call activated it; "
+        "`late`: activated after its window closed or after the trainer consumed it: "
+        "stored, but never trained on or evaluated"
+    )
+    deferred: bool = Field(description="Whether the decision was logged with `defer`")
+    activated_at: datetime | None = Field(
+        description="The first activation's time; null for a decision never deferred"
+    )
+    duplicate: bool = Field(description="An earlier activation was stored: nothing changed")
 
 
 class ArmRequest(_Strict):

@@ -16,7 +16,10 @@ trained on with `default_reward` when that is set, and otherwise excluded (consu
 never trained on). A reward that arrives after the window closed, or after its decision
 was consumed, is stored flagged `late` and never trained on (with a window of 0, only
 the latter): what a checkpoint learns does not depend on when the trainer happened to
-run. This keeps arms with slow feedback on an equal footing with fast ones.
+run. This keeps arms with slow feedback on an equal footing with fast ones. A deferred
+decision (`"defer": true`) is trained on only if it was activated within the same window
+(`service.activation`); otherwise it is consumed as expired, never trained on, whatever
+its reward.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,7 +49,7 @@ from models.training import make_optimizer
 from service.bus import CheckpointBus
 from service.catalogue import CatalogueCache
 from service.checkpoint_store import CheckpointStore
-from service.db import quarantine, repository
+from service.db import deferral, quarantine, repository
 from service.db.engine import SessionFactory
 from service.db.trainer_lock import TrainerLock, trainer_lock
 from service.metrics import ServiceMetrics
@@ -78,6 +80,7 @@ class TrainReport:
     excluded: int
     loss: float | None  # None: nothing to train on, no checkpoint stored
     seconds: float
+    expired: int = 0  # deferred decisions never activated in time: consumed, not trained on
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class _Run:
     newest: int  # the newest version stored, quarantined or not (0: none)
     parent: int  # the newest valid checkpoint, which the run continues (0: none)
     started: float  # time.perf_counter()
+    inactive: tuple[str, ...] = ()  # deferred decisions read before any activation in time
 
     @property
     def version(self) -> int:
@@ -151,6 +155,8 @@ class Trainer:
         rows = repository.closed_decisions(self._sessions, self._clock() - window, MAX_ROWS_PER_RUN)
         if not rows:
             return None
+        inactive = tuple(row.event_id for row in rows if not row.active)
+        rows = [row for row in rows if row.active]
         newest = quarantine.newest_version(self._sessions)
         latest = self._store.latest()  # the newest valid one; damaged ones are quarantined
         previous = None
@@ -158,7 +164,8 @@ class Trainer:
             previous = load_checkpoint(latest[1], expect=self.settings.net_config())
         used = [(row, self._target(row)) for row in rows]
         trained = [(row, target) for row, target in used if target is not None]
-        run = _Run(rows, trained, newest, 0 if previous is None else previous.version, started)
+        parent = 0 if previous is None else previous.version
+        run = _Run(rows, trained, newest, parent, started, inactive)
         if not trained:  # nothing new to learn from: consume the rows, store no version
             return self._consume_untrained(run)
         log.info(
@@ -277,7 +284,7 @@ class Trainer:
             unrewarded=run.unrewarded,
         )
         self._announce(run.version, blob)
-        report = self._report(run.version, run, metrics["loss"])
+        report = self._report(run.version, run, metrics["loss"], self._expire(run, run.version))
         self._record(report)
         return report
 
@@ -295,20 +302,28 @@ class Trainer:
         no new version is stored or published."""
         consumed = [row.event_id for row in run.rows]
         repository.mark_consumed(self._sessions, consumed, run.parent, run.unrewarded)
-        report = self._report(run.parent, run, None)
+        report = self._report(run.parent, run, None, self._expire(run, run.parent))
         self._record(report)
         return report
 
-    def _report(self, version: int, run: _Run, loss: float | None) -> TrainReport:
+    def _expire(self, run: _Run, version: int) -> int:
+        """Consume the deferred decisions still not activated in time (never trained on);
+        one activated since the run read it is left for the next run."""
+        if not run.inactive:
+            return 0
+        return deferral.expire_unactivated(self._sessions, run.inactive, version)
+
+    def _report(self, version: int, run: _Run, loss: float | None, expired: int) -> TrainReport:
         rewarded = sum(1 for row, _ in run.trained if row.reward is not None)
         return TrainReport(
             version=version,
-            consumed=len(run.rows),
+            consumed=len(run.rows) + expired,
             rewarded=rewarded,
             defaulted=len(run.trained) - rewarded,
             excluded=len(run.rows) - len(run.trained),
             loss=loss,
             seconds=time.perf_counter() - run.started,
+            expired=expired,
         )
 
     def _record(self, report: TrainReport) -> None:
@@ -327,6 +342,7 @@ class Trainer:
         m.trainer_rows.labels("rewarded").inc(report.rewarded)
         m.trainer_rows.labels("default").inc(report.defaulted)
         m.trainer_rows.labels("excluded").inc(report.excluded)
+        m.deferred.labels("expired").inc(report.expired)
         m.trainer_duration.observe(report.seconds)
         if report.loss is not None:
             m.trainer_loss.set(report.loss)
@@ -346,62 +362,3 @@ def _transitions(
         torch.tensor([row.slot for row, _ in trained], dtype=torch.int64),
         torch.tensor([target for _, target in trained], dtype=torch.float32),
     )
-
-
-class TrainerLoop:
-    """Runs the trainer every `train_every_rewards` new rewards or `train_interval_seconds`."""
-
-    def __init__(self, trainer: Trainer, sessions: SessionFactory) -> None:
-        self._trainer = trainer
-        self._sessions = sessions
-        self._metrics = trainer._metrics
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._last_run = float("-inf")
-        self._rewards_at_last_run = 0
-
-    def due(self) -> bool:
-        """Whether enough rewards arrived or enough time passed since the last run."""
-        settings = self._trainer.settings
-        if time.monotonic() - self._last_run >= settings.train_interval_seconds:
-            return True
-        new = repository.count_rewards(self._sessions) - self._rewards_at_last_run
-        return new >= settings.train_every_rewards
-
-    def step(self) -> TrainReport | None:
-        """Run once if due; failures are logged and counted, never raised."""
-        if not self.due():
-            return None
-        self._rewards_at_last_run = repository.count_rewards(self._sessions)
-        self._last_run = time.monotonic()
-        try:
-            return self._trainer.run_once()
-        except Exception:
-            log.exception("training run failed")
-            if self._metrics is not None:
-                self._metrics.trainer_failures.inc()
-            return None
-
-    def run_forever(self, poll_s: float = 0.5) -> None:
-        """Step until `stop()`."""
-        while not self._stop.is_set():
-            try:
-                self.step()
-            except Exception:  # a database outage while checking: try again later
-                log.exception("trainer loop check failed")
-            self._stop.wait(poll_s)
-
-    def start(self) -> None:
-        """Run in a background thread (the embedded default)."""
-        self._thread = threading.Thread(target=self.run_forever, name="rofu-trainer", daemon=True)
-        self._thread.start()
-
-    def request_stop(self) -> None:
-        """Ask the loop to stop after the run in progress (safe from a signal handler)."""
-        self._stop.set()
-
-    def stop(self) -> None:
-        """Stop the background thread, waiting for a run in progress to finish."""
-        self.request_stop()
-        if self._thread is not None:
-            self._thread.join()

@@ -24,7 +24,8 @@ from service.metrics import ServiceMetrics
 from service.redis_bus import RedisBus
 from service.settings import Settings
 from service.threads import apply_torch_threads
-from service.trainer import Trainer, TrainerLoop
+from service.trainer import Trainer
+from service.trainer_loop import TrainerLoop
 
 log = logging.getLogger("rofu.worker")
 T = TypeVar("T")

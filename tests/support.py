@@ -325,3 +325,40 @@ def migration_0004_round_trip(url: str) -> None:
         assert "ix_decisions_untrained" in index_names
     finally:
         engine.dispose()
+
+
+def migration_0005_round_trip(url: str) -> None:
+    """Upgrade a database at 0004 with a decision to head, then down to 0004 and up again:
+    the activation columns come with their defaults (not deferred, never activated), go,
+    and come back; the decision stays, and stays trainable."""
+    from sqlalchemy import inspect, text
+
+    from service import migrate
+    from service.db.engine import make_engine
+
+    migrate.upgrade(url, "0004")
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "insert into decisions (event_id, created_at, context, candidates, arm_id,"
+                    " slot, propensity, model_version, explore, policy, scores, request_hash)"
+                    " values ('m-5', '2026-01-01 00:00:00+00:00', '[0.0]', '[\"arm-0\"]',"
+                    " 'arm-0', 0, 1.0, 0, true, 'cold-start', '[]', 'h')"
+                )
+            )
+        added = {"deferred", "activated_at", "activation_late"}
+        for step in ("head", "0004", "head"):
+            (migrate.upgrade if step == "head" else migrate.downgrade)(url, step)
+            engine.dispose()
+            columns = {column["name"] for column in inspect(engine).get_columns("decisions")}
+            assert added & columns == (added if step == "head" else set())
+            with engine.connect() as connection:
+                assert connection.execute(text("select count(*) from decisions")).scalar() == 1
+                if step == "head":
+                    query = "select deferred, activated_at, activation_late from decisions"
+                    deferred, activated_at, late = connection.execute(text(query)).one()
+                    assert (bool(deferred), activated_at, bool(late)) == (False, None, False)
+    finally:
+        engine.dispose()

@@ -131,7 +131,7 @@ def _attach(session: Session, event_id: str, value: float, window_seconds: float
         raise NotFound(f"no decision with event_id {event_id!r}", field="event_id")
     stored = session.scalar(select(RewardRow).where(RewardRow.event_id == event_id))
     if stored is None:
-        late = _is_late(decision, window_seconds)
+        late = misses_training(decision, window_seconds)
         session.add(RewardRow(event_id=event_id, value=value, late=late))
         session.flush()
         return RewardOutcome(event_id, value, duplicate=False, late=late, decision=decision)
@@ -148,8 +148,8 @@ def _attach(session: Session, event_id: str, value: float, window_seconds: float
     return RewardOutcome(event_id, stored.value, duplicate=True, late=stored.late)
 
 
-def _is_late(decision: DecisionRow, window_seconds: float) -> bool:
-    """Whether a reward arriving now misses its decision's training."""
+def misses_training(decision: DecisionRow, window_seconds: float) -> bool:
+    """Whether a reward (or an activation) arriving now misses its decision's training."""
     if decision.trained_in is not None:
         return True
     closed = decision.created_at + timedelta(seconds=window_seconds)
@@ -270,20 +270,23 @@ def list_checkpoints(
 
 @dataclass(frozen=True)
 class TrainingRow:
-    """A decision whose reward window has closed, with its reward if one arrived."""
+    """A decision whose reward window has closed, with its reward if one arrived.
+    `active`: False for a deferred decision not activated in time (never trained on)."""
 
     event_id: str
     context: list[float]
     slot: int
     reward: float | None
     created_at: datetime
+    active: bool = True
 
 
 def closed_decisions(
     sessions: SessionFactory, closed_before: datetime, limit: int
 ) -> list[TrainingRow]:
     """Untrained decisions made before `closed_before`, oldest first, each with its
-    reward unless that is late (a late reward is never trained on)."""
+    reward unless that is late (a late reward is never trained on) and whether it is
+    active (a deferred decision not activated in time is not: `DecisionRow.active`)."""
 
     def work(session: Session) -> list[TrainingRow]:
         on_time = and_(RewardRow.event_id == DecisionRow.event_id, RewardRow.late.is_(False))
@@ -295,7 +298,7 @@ def closed_decisions(
             .limit(limit)
         )
         return [
-            TrainingRow(d.event_id, list(d.context), d.slot, value, d.created_at)
+            TrainingRow(d.event_id, list(d.context), d.slot, value, d.created_at, d.active)
             for d, value in session.execute(query)
         ]
 

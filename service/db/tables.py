@@ -42,6 +42,12 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def is_active(deferred: bool, activated_at: datetime | None, activation_late: bool) -> bool:
+    """Whether a decision may be trained on and evaluated: not deferred, or activated in
+    time."""
+    return not deferred or (activated_at is not None and not activation_late)
+
+
 class Base(DeclarativeBase):
     """Declarative base of every table."""
 
@@ -94,6 +100,17 @@ class DecisionRow(Base):
     rofu_arm: Mapped[str | None] = mapped_column(String(128), default=None)
     rofu_probabilities: Mapped[list[float] | None] = mapped_column(JSON, default=None)
     trained_in: Mapped[int | None] = mapped_column(default=None)
+    # Deferred activation (0005): a deferred decision is trained on only once activated
+    # in time; one activated after its window closed or after the trainer consumed it is
+    # `activation_late` (service.activation).
+    deferred: Mapped[bool] = mapped_column(default=False, server_default=false())
+    activated_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
+    activation_late: Mapped[bool] = mapped_column(default=False, server_default=false())
+
+    @property
+    def active(self) -> bool:
+        """Whether the decision may be trained on and evaluated (`is_active`)."""
+        return is_active(self.deferred, self.activated_at, self.activation_late)
 
 
 class RewardRow(Base):

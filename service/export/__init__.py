@@ -3,6 +3,9 @@ scores, as VW's DSJSON (`dsjson`), Open Bandit Pipeline arrays (`obp`, .npz) or 
 
 Records stream from the database a page at a time (`service.decision_log`), so memory
 stays constant; a file is written under a temporary name and renamed when complete.
+
+Deferred decisions not activated in time: DSJSON and Parquet keep them, marked
+(`_skipLearn`; the `active` column), OBP leaves them out, as training and evaluation do.
 """
 
 from __future__ import annotations

@@ -8,8 +8,11 @@ when only the chosen arm's is known). A rewarded event carries VW's label:
 `_label_cost` = -reward (VW minimises cost), `_label_probability` = the propensity,
 `_label_Action` and `_labelIndex` (1- and 0-based positions of the chosen arm in
 `_multi`), and the outcome in `o`. An event without a reward has no label, so VW only
-predicts on it. VW ignores the `rofu` object, which keeps what VW has no field for: the
-policy, the per-arm scores, the late flag, apprentice mode's baseline and rofu's choice.
+predicts on it. A deferred decision not activated in time carries `"_skipLearn": true`,
+as Personalizer's logs do: VW's reader skips the event, so VW never learns from it (and
+rofu never trains on or evaluates it). VW ignores the `rofu` object, which keeps what VW
+has no field for: the policy, the per-arm scores, the late flag, the activation,
+apprentice mode's baseline and rofu's choice.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ def dsjson_event(
             "_labelIndex": chosen,
             "o": [{"v": record.reward, "EventId": record.event_id, "ActionTaken": False}],
         }
+    if not record.active:
+        event["_skipLearn"] = True
     event |= {
         "Timestamp": record.created_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         "Version": DSJSON_VERSION,
@@ -68,7 +73,7 @@ def _action(arm: str, arm_features: Mapping[str, Sequence[float]] | None) -> dic
 
 
 def _extension(record: LoggedDecision) -> dict[str, Any]:
-    received = record.reward_received_at
+    received, activated = record.reward_received_at, record.activated_at
     return {
         "model_version": record.model_version,
         "policy": record.policy,
@@ -83,6 +88,9 @@ def _extension(record: LoggedDecision) -> dict[str, Any]:
         "baseline_arm": record.baseline_arm,
         "rofu_arm": record.rofu_arm,
         "rofu_probabilities": record.rofu_probabilities,
+        "deferred": record.deferred,
+        "activated_at": None if activated is None else activated.isoformat(),
+        "activation_late": record.activation_late,
     }
 
 

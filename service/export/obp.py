@@ -9,7 +9,9 @@ every slot (0 off the candidates), when every exported decision has them, and
 `model_version` (n,) and `timestamp` (n,) in unix seconds.
 
 Only rewarded decisions are rounds (OBP needs a reward per round), unless a default
-reward is given for the others, as the trainer does with `ROFU_DEFAULT_REWARD`.
+reward is given for the others, as the trainer does with `ROFU_DEFAULT_REWARD`. A deferred
+decision not activated in time is never a round (its choice may not have been shown), as
+in training and in `rofu evaluate`.
 
 Each array is streamed to a temporary file and copied into the archive at the end, so
 memory stays constant whatever the log's length.
@@ -147,7 +149,7 @@ def _rounds(
 ) -> Iterable[tuple[LoggedDecision, float]]:
     for record in records:
         reward = record.reward if record.reward is not None else default_reward
-        if reward is not None:
+        if reward is not None and record.active:
             yield record, reward
 
 

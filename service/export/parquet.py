@@ -5,7 +5,9 @@ Columns: event_id, created_at (UTC), context (list of floats), candidates (list 
 ids), arm, slot, propensity, probabilities (per candidate; null when only the propensity
 is known), model_version, policy, explore, scores (list of {arm, mean, bonus, ucb}),
 reward, reward_received_at and late (null without a reward), baseline_arm, rofu_arm and
-rofu_probabilities (apprentice mode; see `service.apprentice`).
+rofu_probabilities (apprentice mode; see `service.apprentice`), deferred, activated_at,
+activation_late and active (false: a deferred decision not activated in time, which
+training and evaluation leave out).
 """
 
 from __future__ import annotations
@@ -55,6 +57,10 @@ def _schema(pa: Any) -> Any:
             ("baseline_arm", pa.string()),
             ("rofu_arm", pa.string()),
             ("rofu_probabilities", pa.list_(pa.float64())),
+            ("deferred", pa.bool_()),
+            ("activated_at", when),
+            ("activation_late", pa.bool_()),
+            ("active", pa.bool_()),
         ]
     )
 
@@ -63,6 +69,7 @@ def parquet_row(record: LoggedDecision) -> dict[str, Any]:
     """The Parquet row of a record (also the JSON of `GET /v1/decisions`, less the types)."""
     row = dataclasses.asdict(record)
     row["arm"] = row.pop("arm_id")
+    row["active"] = record.active
     return row
 
 

@@ -1,24 +1,22 @@
-"""GET /decisions: the decision log with rewards, a page at a time (admin)."""
+"""GET /decisions: the decision log with rewards, a page at a time (admin); deferred
+decisions not activated in time are listed, marked `active: false`."""
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
-from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from models.scores import ArmScore
 from service.decision_log import (
     MOMENT_PATTERN,
-    LoggedDecision,
     Window,
     decode_cursor,
     encode_cursor,
     parse_moment,
     read_page,
 )
+from service.decision_record import DecisionRecord
 from service.deps import AdminAuth, SessionsDep
 from service.routes import API_PREFIX
 from service.schemas import error_responses
@@ -30,60 +28,6 @@ router = APIRouter(
     dependencies=[AdminAuth],
     responses=error_responses(401, 403),
 )
-
-
-class DecisionRecord(BaseModel):
-    """A logged decision and its reward (the rows `rofu export` writes)."""
-
-    event_id: str
-    created_at: datetime
-    context: list[float]
-    candidates: list[str]
-    arm: str
-    slot: int
-    propensity: float
-    probabilities: list[float] | None = Field(
-        description="Per candidate, in `candidates` order; null when only `propensity` is known"
-    )
-    model_version: int
-    policy: str
-    explore: bool
-    scores: list[ArmScore]
-    reward: float | None
-    reward_received_at: datetime | None
-    late: bool | None = Field(description="The reward came after the decision's window")
-    baseline_arm: str | None = Field(description="The app's own choice the request carried")
-    rofu_arm: str | None = Field(
-        description="Apprentice mode (policy `apprentice`, the baseline served): the arm "
-        "rofu's rule would have chosen; else null"
-    )
-    rofu_probabilities: list[float] | None = Field(
-        description="Apprentice mode: rofu's rule's probabilities per candidate; else null"
-    )
-
-    @classmethod
-    def of(cls, record: LoggedDecision) -> DecisionRecord:
-        """The API view of a record."""
-        return cls(
-            event_id=record.event_id,
-            created_at=record.created_at,
-            context=record.context,
-            candidates=record.candidates,
-            arm=record.arm_id,
-            slot=record.slot,
-            propensity=record.propensity,
-            probabilities=record.probabilities,
-            model_version=record.model_version,
-            policy=record.policy,
-            explore=record.explore,
-            scores=record.scores,
-            reward=record.reward,
-            reward_received_at=record.reward_received_at,
-            late=record.late,
-            baseline_arm=record.baseline_arm,
-            rofu_arm=record.rofu_arm,
-            rofu_probabilities=record.rofu_probabilities,
-        )
 
 
 Moment = Annotated[

@@ -12,6 +12,7 @@ from tests.support import app_client
 API_PATHS = {
     "/v1/select",
     "/v1/reward",
+    "/v1/events/{event_id}/activate",
     "/v1/arms",
     "/v1/arms/{arm_id}",
     "/v1/model",

@@ -73,21 +73,3 @@ def test_rofu_refuses_arguments_a_service_command_does_not_take(
         cli.main(["migrate", "--nonsense"])
     assert exited.value.code == 2
     assert "unrecognised arguments: --nonsense" in capsys.readouterr().err
-
-
-def test_every_option_of_every_command_has_help_text() -> None:
-    import argparse
-
-    import replay.cli
-
-    def silent(parser: argparse.ArgumentParser) -> list[str]:
-        found = []
-        for action in parser._actions:
-            if action.option_strings and action.help is None:
-                found.append(f"{parser.prog} {action.option_strings[0]}")
-            if isinstance(action, argparse._SubParsersAction):
-                for sub in action.choices.values():
-                    found += silent(sub)
-        return found
-
-    assert silent(cli.build_parser()) + silent(replay.cli.build_parser()) == []

@@ -1,9 +1,11 @@
 """The rofu client: typed calls, retries that honour Retry-After and reuse the event id,
-errors with the server's code, and checkpoint pages followed through `Link`."""
+errors with the server's code, checkpoint and decision-log pages followed through `Link`,
+and deferred activation."""
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -11,7 +13,8 @@ import pytest
 
 import rofu.client as client_module
 from rofu.client import AsyncRofuClient, RofuClient, RofuError
-from service.schemas import SelectResponse
+from service.decision_record import DecisionRecord
+from service.schemas import ActivateResponse, SelectResponse
 from tests.support import app_client, seed_checkpoint
 
 DECISION = {
@@ -121,6 +124,114 @@ async def test_client_round_trip_against_the_app(sqlite_settings):
             assert (await rofu.model()).version == 3
             versions = [info.version async for info in rofu.checkpoints(page_size=2)]
             assert versions == [3, 2, 1]
+            deferred = await rofu.select([0.4, 0.3, 0.2, 0.1], defer=True)
+            assert deferred.deferred
+            assert (await rofu.activate(deferred.event_id)).status == "activated"
+            assert (await rofu.activate(deferred.event_id)).status == "already_active"
+            logged = [record async for record in rofu.export(page_size=1)]
+            assert [r.event_id for r in logged] == [decision.event_id, deferred.event_id]
+            assert [r.deferred for r in logged] == [False, True]
+            assert [r.reward for r in logged] == [1.0, None]
             with pytest.raises(RofuError) as refused:
                 await rofu.select([0.1])
             assert (refused.value.status, refused.value.field) == (422, "context")
+
+
+def _record(event_id: str, *, active: bool = True) -> dict[str, Any]:
+    """A row of GET /v1/decisions as the service writes it."""
+    return {
+        "event_id": event_id,
+        "created_at": "2026-12-01T12:00:00Z",
+        "context": [0.1, 0.2],
+        "candidates": ["a", "b"],
+        "arm": "a",
+        "slot": 0,
+        "propensity": 0.5,
+        "probabilities": [0.5, 0.5],
+        "model_version": 1,
+        "policy": "rofu",
+        "explore": True,
+        "scores": [{"arm": arm, "mean": 0.1, "bonus": 0.2, "ucb": 0.3} for arm in "ab"],
+        "reward": 1.0 if active else None,
+        "reward_received_at": None,
+        "late": None,
+        "deferred": not active,
+        "activated_at": None,
+        "activation_late": False,
+        "active": active,
+    }
+
+
+class Log:
+    """A mock decision log: two pages joined by a Link header (one 503 on the second),
+    and the activate endpoint."""
+
+    def __init__(self) -> None:
+        self.requests: list[httpx.Request] = []
+        self.busy = True
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        if request.url.path.endswith("/activate"):
+            event_id = request.url.path.split("/")[-2]
+            body = {"event_id": event_id, "status": "activated", "deferred": True}
+            return httpx.Response(200, json={**body, "activated_at": None, "duplicate": False})
+        if "cursor" not in request.url.params:
+            link = '</v1/decisions?limit=2&cursor=abc>; rel="next"'
+            page = [_record("e-1"), _record("e-2", active=False)]
+            return httpx.Response(200, json=page, headers={"Link": link})
+        if self.busy:
+            self.busy = False
+            error = {"error": {"code": "unavailable", "message": "busy", "field": None}}
+            return httpx.Response(503, json=error, headers={"Retry-After": "1"})
+        return httpx.Response(200, json=[_record("e-3")])
+
+
+def test_export_follows_the_pages_as_typed_rows_and_retries_a_page(waits):
+    log = Log()
+    with RofuClient("http://rofu", transport=httpx.MockTransport(log)) as rofu:
+        rows = rofu.export(since=datetime(2026, 12, 1, tzinfo=UTC), until="2026-12-02", page_size=2)
+        assert not log.requests  # lazy: nothing is fetched before iteration
+        records = list(rows)
+    assert all(isinstance(record, DecisionRecord) for record in records)
+    assert [(r.event_id, r.active) for r in records] == [
+        ("e-1", True),
+        ("e-2", False),
+        ("e-3", True),
+    ]
+    first = log.requests[0].url.params
+    assert dict(first) == {
+        "limit": "2",
+        "since": "2026-12-01T00:00:00+00:00",
+        "until": "2026-12-02",
+    }
+    assert [r.url.params.get("cursor") for r in log.requests] == [None, "abc", "abc"]
+    assert waits == [1.0]
+
+
+def test_activate_posts_to_the_event_and_select_sends_defer(waits):
+    log = Log()
+    with RofuClient("http://rofu", transport=httpx.MockTransport(log)) as rofu:
+        answer = rofu.activate("order-7")
+    assert isinstance(answer, ActivateResponse)
+    assert (answer.event_id, answer.status) == ("order-7", "activated")
+    (request,) = log.requests
+    assert (request.method, request.url.path) == ("POST", "/v1/events/order-7/activate")
+    script = Script((200, {}))
+    with RofuClient("http://rofu", transport=httpx.MockTransport(script)) as rofu:
+        rofu.select([0.1], defer=True)
+    assert json.loads(script.requests[0].content)["defer"] is True
+
+
+@pytest.mark.anyio
+async def test_async_client_exports_and_activates(monkeypatch):
+    async def sleep(seconds: float) -> None:
+        pass
+
+    monkeypatch.setattr(client_module.asyncio, "sleep", sleep)
+    log = Log()
+    async with AsyncRofuClient("http://rofu", transport=httpx.MockTransport(log)) as rofu:
+        events = [record.event_id async for record in rofu.export(page_size=2)]
+        answer = await rofu.activate("e-2")
+    assert events == ["e-1", "e-2", "e-3"]
+    assert answer.event_id == "e-2"

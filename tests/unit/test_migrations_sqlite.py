@@ -1,5 +1,5 @@
-"""The newest revisions (0004: decision probabilities, late rewards; 0006: apprentice
-mode's columns) up and down on SQLite."""
+"""The newest revisions up and down on SQLite: 0004 (decision probabilities, late rewards),
+0005 (deferred activation) and 0006 (apprentice mode's columns)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from sqlalchemy import inspect, text
 
 from service import migrate
 from service.db.engine import make_engine
-from tests.support import migration_0004_round_trip
+from tests.support import migration_0004_round_trip, migration_0005_round_trip
 
 APPRENTICE_COLUMNS = {"baseline_arm", "rofu_arm", "rofu_probabilities"}
 
@@ -17,7 +17,7 @@ APPRENTICE_COLUMNS = {"baseline_arm", "rofu_arm", "rofu_probabilities"}
 def test_migrations_0004_upgrades_and_downgrades_on_sqlite(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/migrate.sqlite"
     migration_0004_round_trip(url)
-    assert migrate.current_revision_of(url) == migrate.head_revision() == "0006"
+    assert migrate.current_revision_of(url) == migrate.head_revision()
 
 
 def test_migrations_0006_adds_and_drops_the_apprentice_columns_on_sqlite(tmp_path: Path) -> None:
@@ -47,3 +47,10 @@ def test_migrations_0006_adds_and_drops_the_apprentice_columns_on_sqlite(tmp_pat
                     assert tuple(connection.execute(text(query)).one()) == (None, None, None)
     finally:
         engine.dispose()
+    assert migrate.current_revision_of(url) == migrate.head_revision()
+
+
+def test_migrations_0005_adds_and_drops_the_activation_columns_on_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/migrate.sqlite"
+    migration_0005_round_trip(url)
+    assert migrate.current_revision_of(url) == migrate.head_revision()

@@ -557,6 +557,7 @@ async def test_service_openapi_lists_the_api(service: Service) -> None:
         "/v1/arms",
         "/v1/arms/{arm_id}",
         "/v1/model",
+        "/v1/events/{event_id}/activate",
         "/readyz",
     ):
         assert path in paths, path
@@ -572,6 +573,7 @@ async def test_service_openapi_lists_the_api(service: Service) -> None:
         "exclude",
         "explore",
         "baseline_arm",
+        "defer",
     }
     assert request["required"] == ["context"]
 
