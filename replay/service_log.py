@@ -184,7 +184,12 @@ def _snapshot(settings: Settings, sessions: SessionFactory, version: int | None)
     try:
         found = store.latest() if version is None else store.get(version)
         if found is not None:
-            return Snapshot.from_blob(found[1], settings.net_config(), torch.device("cpu"))
+            return Snapshot.from_blob(
+                found[1],
+                settings.net_config(),
+                torch.device("cpu"),
+                hash_seed=settings.feature_hash_seed,
+            )
     except CheckpointError as exc:  # damaged, unreadable, or another network's
         raise EvaluationError(f"{name}: {exc}") from exc
     raise EvaluationError(f"{name} is not stored")

@@ -276,6 +276,7 @@ class TrainingRow:
     slot: int
     reward: float | None
     created_at: datetime
+    arm_features: list[float] | None = None  # the chosen arm's per-request features
 
 
 def closed_decisions(
@@ -294,7 +295,14 @@ def closed_decisions(
             .limit(limit)
         )
         return [
-            TrainingRow(d.event_id, list(d.context), d.slot, value, d.created_at)
+            TrainingRow(
+                d.event_id,
+                list(d.context),
+                d.slot,
+                value,
+                d.created_at,
+                None if d.arm_features is None else d.arm_features.get(d.arm_id),
+            )
             for d, value in session.execute(query)
         ]
 

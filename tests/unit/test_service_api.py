@@ -565,7 +565,14 @@ async def test_service_openapi_lists_the_api(service: Service) -> None:
     assert {"get", "post"} <= set(paths["/v1/arms"])
     assert "422" in paths["/v1/select"]["post"]["responses"]
     request = schema["components"]["schemas"]["SelectRequest"]
-    assert set(request["properties"]) == {"context", "event_id", "arms", "exclude", "explore"}
+    assert set(request["properties"]) == {
+        "context",
+        "event_id",
+        "arms",
+        "exclude",
+        "explore",
+        "arm_features",
+    }
     assert request["required"] == ["context"]
 
 
