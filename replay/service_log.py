@@ -45,6 +45,8 @@ class ServiceLog:
         versions: (N,) the model version that decided.
         catalogue: the arm catalogue (slot -> arm).
         unrewarded: decisions left out for lack of a reward.
+        arm_features: per row, the request's own arm features (arm id -> features) that
+            replaced the catalogue's, or None (an arm-feature network's scoring reads them).
     """
 
     contexts: np.ndarray
@@ -57,6 +59,7 @@ class ServiceLog:
     versions: np.ndarray
     catalogue: Catalogue
     unrewarded: int
+    arm_features: tuple[dict[str, list[float]] | None, ...] = ()
 
     def __len__(self) -> int:
         return int(self.actions.shape[0])
@@ -121,6 +124,7 @@ def _arrays(
         versions=np.array([r.model_version for r in records], dtype=np.int64),
         catalogue=catalogue,
         unrewarded=unrewarded,
+        arm_features=tuple(r.arm_features for r in records),
     )
 
 
@@ -171,11 +175,28 @@ def checkpoint_scores(
             checkpoint_generator(settings.seed, snapshot.version),  # as each /select call
             candidates=mask,
             arm_features=features,
+            pair_features=_own_features(log, rows, features),
             basis=basis,
         )
         mean[rows] = scores.mean.detach().double().numpy()[:, : log.n_slots]
         bonus[rows] = scores.bonus.detach().double().numpy()[:, : log.n_slots]
     return CheckpointScores(snapshot.version, mean, bonus)
+
+
+def _own_features(
+    log: ServiceLog, rows: slice, features: torch.Tensor | None
+) -> torch.Tensor | None:
+    """(B, S, F) the rows' arm features, the catalogue's with each request's own in place
+    (as `/v1/select` scored them); None when no row of the chunk sent its own."""
+    own = log.arm_features[rows]
+    if features is None or not any(own):
+        return None
+    slots = {arm.id: arm.slot for arm in log.catalogue.arms}
+    table = features.expand(len(own), *features.shape).clone()
+    for row, given in enumerate(own):
+        for arm, values in (given or {}).items():
+            table[row, slots[arm]] = torch.tensor(values, dtype=table.dtype)
+    return table
 
 
 def _snapshot(settings: Settings, sessions: SessionFactory, version: int | None) -> Snapshot:

@@ -54,6 +54,10 @@ class LoggedDecision:
             start is uniform, a propensity of 1 leaves the others 0).
         reward: the stored reward, None when none arrived.
         late: whether the reward came after the decision's window (None: not recorded).
+        named_context: the named features the request sent, as validated (`context` is
+            their hashed vector); None for a dense context.
+        arm_features: candidate arm id -> the features it was scored with, for the
+            candidates the request gave its own (the others had the catalogue's).
     """
 
     event_id: str
@@ -71,6 +75,8 @@ class LoggedDecision:
     reward: float | None
     reward_received_at: datetime | None
     late: bool | None
+    named_context: dict[str, Any] | None = None
+    arm_features: dict[str, list[float]] | None = None
 
     @property
     def chosen_index(self) -> int:
@@ -177,6 +183,8 @@ def record(decision: DecisionRow, reward: RewardRow | None) -> LoggedDecision:
         reward=None if reward is None else reward.value,
         reward_received_at=None if reward is None else reward.received_at,
         late=None if reward is None else _optional_bool(getattr(reward, "late", None)),
+        named_context=decision.named_context,
+        arm_features=decision.arm_features,
     )
 
 

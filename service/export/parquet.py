@@ -4,12 +4,15 @@
 Columns: event_id, created_at (UTC), context (list of floats), candidates (list of arm
 ids), arm, slot, propensity, probabilities (per candidate; null when only the propensity
 is known), model_version, policy, explore, scores (list of {arm, mean, bonus, ucb}),
-reward, reward_received_at and late (null without a reward).
+reward, reward_received_at and late (null without a reward), named_context (the named
+features the request sent, as JSON text; null for a dense context) and arm_features (arm
+id -> the features it was scored with, for the candidates the request gave its own).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
@@ -51,6 +54,8 @@ def _schema(pa: Any) -> Any:
             ("reward", pa.float64()),
             ("reward_received_at", when),
             ("late", pa.bool_()),
+            ("named_context", pa.string()),
+            ("arm_features", pa.map_(pa.string(), pa.list_(pa.float64()))),
         ]
     )
 
@@ -59,6 +64,10 @@ def parquet_row(record: LoggedDecision) -> dict[str, Any]:
     """The Parquet row of a record (also the JSON of `GET /v1/decisions`, less the types)."""
     row = dataclasses.asdict(record)
     row["arm"] = row.pop("arm_id")
+    if record.named_context is not None:
+        row["named_context"] = json.dumps(record.named_context, sort_keys=True)
+    if record.arm_features is not None:
+        row["arm_features"] = list(record.arm_features.items())
     return row
 
 

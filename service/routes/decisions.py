@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, Field
@@ -52,6 +52,16 @@ class DecisionRecord(BaseModel):
     reward: float | None
     reward_received_at: datetime | None
     late: bool | None = Field(description="The reward came after the decision's window")
+    named_context: dict[str, Any] | None = Field(
+        default=None,
+        description="The named features the request sent (`context` is their hashed "
+        "vector); null for a dense context",
+    )
+    arm_features: dict[str, list[float]] | None = Field(
+        default=None,
+        description="Candidate arm id -> the features it was scored with, for the arms "
+        "the request gave its own; null when all had the catalogue's",
+    )
 
     @classmethod
     def of(cls, record: LoggedDecision) -> DecisionRecord:
@@ -72,6 +82,8 @@ class DecisionRecord(BaseModel):
             reward=record.reward,
             reward_received_at=record.reward_received_at,
             late=record.late,
+            named_context=record.named_context,
+            arm_features=record.arm_features,
         )
 
 

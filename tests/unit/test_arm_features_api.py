@@ -7,7 +7,9 @@ hand with a `Trainer` on the app's own sessions, store and bus.
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -17,7 +19,9 @@ from fastapi import FastAPI
 
 from models import load_checkpoint
 from service.db import repository
-from service.features import featurize
+from service.decision_log import Window
+from service.export import export
+from service.features import featurize, normalise
 from service.runtime import Runtime
 from service.settings import ArmSpec, Settings
 from service.trainer import Trainer
@@ -179,3 +183,57 @@ async def test_the_trainer_trains_on_the_arm_features_a_decision_used(settings: 
     for row in range(len(sample)):  # the others were scored with the catalogue's
         if row != mine:
             assert sample.features[row].tolist() == CATALOGUE[int(sample.arms[row])]
+
+
+@pytest.mark.anyio
+async def test_the_log_and_its_exports_show_the_named_context_and_arm_features_used(
+    settings: Settings, tmp_path: Path
+):
+    named = {"user": {"age": 31, "country": "fr"}, "hour": 13}
+    async with app_client(settings) as (client, _):
+        await _select(client, context=named, arm_features={"arm-1": OWN}, event_id="logged-1")
+        await _reward(client, "logged-1", 1.0)
+        page = await client.get("/v1/decisions")
+    assert page.status_code == 200, page.text
+    (row,) = page.json()
+    assert row["context"] == featurize(named, 4, 0)  # what the model read
+    assert (row["named_context"], row["arm_features"]) == (normalise(named), {"arm-1": OWN})
+    assert export(settings, "dsjson", Window(), tmp_path / "log.dsjson") == 1
+    line = (tmp_path / "log.dsjson").read_text()
+    event = json.loads(line)
+    scored = {action["arm"]["id"]: action["z"] for action in event["c"]["_multi"]}
+    assert scored["arm-1"] == {str(i): v for i, v in enumerate(OWN)}  # the request's own
+    assert scored["arm-0"] == {str(i): v for i, v in enumerate(CATALOGUE[0])}
+    assert event["rofu"]["named_context"] == normalise(named)
+    vw = pytest.importorskip("vowpalwabbit")
+    workspace = vw.Workspace("--cb_explore_adf --dsjson --quiet --strict_parse")
+    assert len(workspace.parse(line)) == 1 + len(ARMS)  # VW reads it, extension and all
+    workspace.finish()
+    parquet = pytest.importorskip("pyarrow.parquet")
+    assert export(settings, "parquet", Window(), tmp_path / "log.parquet") == 1
+    (stored,) = parquet.read_table(tmp_path / "log.parquet").to_pylist()
+    assert json.loads(stored["named_context"]) == normalise(named)
+    assert stored["arm_features"] == [("arm-1", OWN)]
+
+
+@pytest.mark.anyio
+async def test_evaluation_rescores_the_log_with_each_requests_own_arm_features(
+    settings: Settings,
+):
+    from replay.service_log import checkpoint_scores, read_service_log
+
+    async with app_client(settings) as (client, app):
+        version = await _with_checkpoint(client, app)
+        logged = [
+            await _select(client, context=[0.1 * i, 0.5, -0.5, 0.2], arm_features=own)
+            for i, own in enumerate(({"arm-1": OWN}, {"arm-0": OWN, "arm-3": [0.0, 0.0, 1.0]}))
+        ]
+        for decision in logged:
+            await _reward(client, decision["event_id"], 1.0)
+        log = read_service_log(_runtime(app).sessions)
+        scores = checkpoint_scores(settings, _runtime(app).sessions, log, version)
+    assert log.arm_features[-2:] == ({"arm-1": OWN}, {"arm-0": OWN, "arm-3": [0.0, 0.0, 1.0]})
+    for row, decision in zip((len(log) - 2, len(log) - 1), logged, strict=True):
+        for slot, served in enumerate(decision["scores"]):
+            assert scores.mean[row, slot] == pytest.approx(served["mean"], rel=1e-6, abs=1e-9)
+            assert scores.bonus[row, slot] == pytest.approx(served["bonus"], rel=1e-6, abs=1e-9)

@@ -101,6 +101,18 @@ async def test_async_client_retries_the_same_way(monkeypatch):
     assert slept == [1.0]
 
 
+def test_select_sends_named_features_and_arm_features_as_given(waits):
+    script = Script((200, {}))
+    with RofuClient("http://rofu", transport=httpx.MockTransport(script)) as rofu:
+        rofu.select(
+            {"user": {"age": 31, "tags": ["a"]}},
+            arm_features={"arm-1": {"item": {"price": 9.5}}, "arm-2": (1.0, 2.0)},
+        )
+    body = json.loads(script.requests[0].content)
+    assert body["context"] == {"user": {"age": 31, "tags": ["a"]}}
+    assert body["arm_features"] == {"arm-1": {"item": {"price": 9.5}}, "arm-2": [1.0, 2.0]}
+
+
 @pytest.mark.anyio
 async def test_client_round_trip_against_the_app(sqlite_settings):
     for version in range(1, 4):
@@ -115,6 +127,11 @@ async def test_client_round_trip_against_the_app(sqlite_settings):
                 [0.1, 0.2, 0.3, 0.4], event_id=decision.event_id, arms=["arm-1", "arm-2"]
             )
             assert again == decision
+            named = await rofu.select({"user": {"age": 31, "country": "fr"}}, event_id="named")
+            assert named.model_version == 3
+            assert await rofu.select({"user": {"country": "fr", "age": 31}}, event_id="named") == (
+                named
+            )
             assert not (await rofu.reward(decision.event_id, 1.0)).duplicate
             assert (await rofu.reward(decision.event_id, 1.0)).duplicate
             assert [arm.id for arm in await rofu.arms()][:2] == ["arm-0", "arm-1"]
