@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+from starlette.concurrency import run_in_threadpool
+
 from models.scores import ArmScore
 from service import features
 from service.batcher import MicroBatcher
@@ -49,7 +51,10 @@ async def decide(
     metrics: ServiceMetrics,
 ) -> SelectResponse:
     """Answer one /select request (the batch looks its key up, scores and stores it)."""
-    context, arm_features = vectors(body, settings)
+    if isinstance(body.context, dict) or body.arm_features:  # hashing: off the event loop
+        context, arm_features = await run_in_threadpool(vectors, body, settings)
+    else:
+        context, arm_features = vectors(body, settings)
     pending = Pending(body, request_hash(body), context, arm_features)
     result = await within(settings.request_deadline_seconds, batcher.submit(pending))
     if isinstance(result, Exception):

@@ -57,8 +57,10 @@ Public API (used by `/v1/select` and by anything that accepts user features):
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import cast
 
 DEFAULT_NAMESPACE = ""
@@ -95,31 +97,31 @@ def murmur3_32(data: bytes, seed: int = 0) -> int:
     """MurmurHash3_x86_32 of `data` with `seed` (0 <= seed < 2**32), as an unsigned int."""
     if not 0 <= seed <= _MASK:
         raise ValueError(f"seed must be in [0, 2**32), got {seed}")
-    c1, c2 = 0xCC9E2D51, 0x1B873593
     h = seed
-    tail = len(data) - len(data) % 4
-    for start in range(0, tail, 4):
-        k = int.from_bytes(data[start : start + 4], "little")
-        k = (_rotl((k * c1) & _MASK, 15) * c2) & _MASK
-        h = (_rotl(h ^ k, 13) * 5 + 0xE6546B64) & _MASK
-    rest = data[tail:]
+    blocks = len(data) // 4
+    for k in struct.unpack_from(f"<{blocks}I", data):
+        k = (k * 0xCC9E2D51) & _MASK
+        k = (((k << 15) | (k >> 17)) * 0x1B873593) & _MASK
+        h ^= k
+        h = ((((h << 13) | (h >> 19)) & _MASK) * 5 + 0xE6546B64) & _MASK
+    rest = data[4 * blocks :]
     if rest:
-        k = int.from_bytes(rest, "little")
-        h ^= (_rotl((k * c1) & _MASK, 15) * c2) & _MASK
+        k = (int.from_bytes(rest, "little") * 0xCC9E2D51) & _MASK
+        h ^= (((k << 15) | (k >> 17)) * 0x1B873593) & _MASK
     h ^= len(data)
     h = ((h ^ (h >> 16)) * 0x85EBCA6B) & _MASK
     h = ((h ^ (h >> 13)) * 0xC2B2AE35) & _MASK
     return h ^ (h >> 16)
 
 
-def _rotl(value: int, bits: int) -> int:
-    return ((value << bits) | (value >> (32 - bits))) & _MASK
+@lru_cache(maxsize=4096)
+def _namespace_hash(namespace: str, seed: int) -> int:
+    return murmur3_32(namespace.encode("utf-8"), seed)
 
 
 def entry_index(namespace: str, name: str, dim: int, seed: int) -> int:
     """The index of entry `name` of `namespace` in a vector of `dim` entries."""
-    space = murmur3_32(namespace.encode("utf-8"), seed)
-    return murmur3_32(name.encode("utf-8"), space) % dim
+    return murmur3_32(name.encode("utf-8"), _namespace_hash(namespace, seed)) % dim
 
 
 def to_vector(

@@ -26,6 +26,7 @@ from models import (
 )
 from models.checkpoint import CheckpointError
 from models.rofu import ntk_basis
+from models.rofu_graphs import GraphedExact
 from models.training import FitConfig
 from tests.factories import arm_features, make_data, make_net
 
@@ -209,3 +210,19 @@ def test_checkpoint_round_trips_the_rows_own_features():
     bad = dataclasses.replace(bad, arm_features=None)
     with pytest.raises(CheckpointError, match="data/features"):
         load_checkpoint(dump_checkpoint(bad))
+
+
+def test_graphed_exact_reads_the_data_rows_own_features():
+    net = make_net(D, hidden=(8,), arm_feature_dim=F)
+    data, table = make_data(40, D, A, seed=1), arm_features(A, F)
+    sample = data.sample
+    carried = dataclasses.replace(
+        data, sample=Transitions(sample.x, sample.arms, sample.rewards, _own_rows(data, seed=7))
+    )
+    config = RofuConfig(step_size=0.1, steps=3, eta=0.01, minibatch_size=16)
+    graphed = GraphedExact(net, carried, config, arm_features=table, capture=False)
+    contexts = torch.randn(3, D, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    got = graphed(contexts, torch.Generator().manual_seed(3))
+    want = _scores(net, contexts, carried, config, table, "fast")
+    torch.testing.assert_close(got.ucb, want.ucb)
+    assert not torch.allclose(got.ucb, _scores(net, contexts, data, config, table, "fast").ucb)
