@@ -36,8 +36,9 @@ setting (default 0) and UTF-8 encoding,
     x[index] += weight
 
 Entries that collide in an index add up. For example, with seed 0 and dim 8,
-`{"user": {"country": "fr"}}` sets x[index] = 1 for
-index = murmur3_32(b"country=fr", murmur3_32(b"user", 0)) mod 8.
+`{"user": {"country": "fr"}}` is x[3] = 1: murmur3_32(b"user", 0) = 0x95943d0d,
+murmur3_32(b"country=fr", 0x95943d0d) = 0xcea56013, and 0xcea56013 mod 8 = 3
+(tests/unit/test_features.py pins more, checked against the reference C code).
 
 Public API (used by `/v1/select` and by anything that accepts user features):
 
