@@ -60,7 +60,10 @@ def inprocess_seconds(
 ) -> dict[int, float]:
     """Median seconds of one `rofu_scores` call per batch size, repetitions interleaved."""
     device = resolve_device(settings.device)
-    snapshot = Snapshot.from_blob(blob, settings.net_config(), device)  # as the server loads it
+    # as the server loads it
+    snapshot = Snapshot.from_blob(
+        blob, settings.net_config(), device, hash_seed=settings.feature_hash_seed
+    )
     config, generator = settings.rofu_config(), torch.Generator().manual_seed(settings.seed)
     basis = None  # as the server does: the ntk basis is built once per checkpoint
     if config.estimator == "ntk":

@@ -39,7 +39,8 @@ class Checkpoint:
         version: monotonically increasing model version.
         net_config: constructor arguments of the network.
         state: the network's state dict (theta).
-        data: the regulariser's data sample, |D| and per-arm counts.
+        data: the regulariser's data sample, |D| and per-arm counts; for an arm-feature
+            network its rows may carry the arm features they were scored with.
         arm_features: (A, F) arm features for an arm-feature network, else None.
         metrics: training metrics of the fit that produced theta.
         extra: caller-defined string fields (e.g. a trainer's high-water mark).
@@ -73,6 +74,8 @@ def dump_checkpoint(checkpoint: Checkpoint) -> bytes:
         "data/rewards": sample.rewards.detach().cpu().contiguous(),
         "data/arm_counts": checkpoint.data.arm_counts.cpu().contiguous(),
     }
+    if sample.features is not None:
+        tensors["data/features"] = sample.features.detach().cpu().contiguous()
     if checkpoint.arm_features is not None:
         tensors["arm_features"] = checkpoint.arm_features.detach().cpu().contiguous()
     metadata = {
@@ -133,7 +136,12 @@ def load_checkpoint(blob: bytes, expect: RewardNetConfig | None = None) -> Check
 
 
 def _rebuild(tensors: dict[str, Tensor], metadata: dict[str, str]) -> Checkpoint:
-    sample = Transitions(tensors["data/x"], tensors["data/arms"], tensors["data/rewards"])
+    sample = Transitions(
+        tensors["data/x"],
+        tensors["data/arms"],
+        tensors["data/rewards"],
+        tensors.get("data/features"),
+    )
     data = RegulariserData(sample, int(metadata["n_total"]), tensors["data/arm_counts"])
     metrics: Any = json.loads(metadata["metrics"])
     extra: Any = json.loads(metadata["extra"])
@@ -168,6 +176,10 @@ def _check_fits(checkpoint: Checkpoint, net: RewardNet) -> None:
         features is None or features.dim() != 2 or features.shape[1] != config.arm_feature_dim
     ):
         raise ValueError(f"arm_features must have shape (A, {config.arm_feature_dim})")
+    if sample.features is not None and (
+        config.per_arm_outputs or sample.features.shape[1] != config.arm_feature_dim
+    ):
+        raise ValueError(f"data/features must have shape (N, {config.arm_feature_dim})")
     if len(sample) and int(sample.arms.max()) >= net.arm_count(features):
         raise ValueError("data/arms refers to an arm the network cannot score")
 

@@ -24,11 +24,15 @@ class Transitions:
         x: (N, D) contexts, or (N, *context_shape) for contexts of another shape (images).
         arms: (N,) int64 arm indices.
         rewards: (N,) observed rewards.
+        features: (N, F) the arm features each row's arm was scored with, for an
+            arm-feature network whose arms' features vary by row (per-request features);
+            None: row n reads `arm_features[arms[n]]` from the caller's table.
     """
 
     x: Tensor
     arms: Tensor
     rewards: Tensor
+    features: Tensor | None = None
 
     def __post_init__(self) -> None:
         x = require_tensor("x", self.x)
@@ -44,13 +48,16 @@ class Transitions:
         if n and int(arms.min()) < 0:
             raise ValueError("arms contains a negative arm index")
         check_float_tensor("rewards", self.rewards, ndim=1, size={0: n})
+        if self.features is not None:
+            check_float_tensor("features", self.features, ndim=2, size={0: n})
 
     def __len__(self) -> int:
         return int(self.x.shape[0])
 
     def subset(self, index: Tensor) -> Transitions:
         """Rows picked by an index or boolean mask."""
-        return Transitions(self.x[index], self.arms[index], self.rewards[index])
+        features = None if self.features is None else self.features[index]
+        return Transitions(self.x[index], self.arms[index], self.rewards[index], features)
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Transitions:
         """This batch on a device (and floating dtype); itself when already there."""
@@ -58,19 +65,56 @@ class Transitions:
         if x is self.x:  # torch's own rule: a bare `cuda` is the current CUDA device
             return self
         return Transitions(
-            x, self.arms.to(device=device), self.rewards.to(device=device, dtype=dtype)
+            x,
+            self.arms.to(device=device),
+            self.rewards.to(device=device, dtype=dtype),
+            None if self.features is None else self.features.to(device=device, dtype=dtype),
         )
+
+    def with_features(self, arm_features: Tensor) -> Transitions:
+        """These rows carrying their arms' features from an (A, F) table (a no-op when they
+        carry their own already)."""
+        if self.features is not None:
+            return self
+        return Transitions(self.x, self.arms, self.rewards, arm_features[self.arms].to(self.x))
 
     @staticmethod
     def concat(parts: list[Transitions]) -> Transitions:
-        """Stack several batches of transitions."""
+        """Stack several batches of transitions (all with per-row features, or none)."""
         if not parts:
             raise ValueError("parts must hold at least one batch")
+        carrying = {p.features is not None for p in parts}
+        if len(carrying) > 1:
+            raise ValueError("parts must all carry per-row features, or none")
+        features = None
+        if carrying == {True}:
+            features = torch.cat([p.features for p in parts if p.features is not None])
         return Transitions(
             torch.cat([p.x for p in parts]),
             torch.cat([p.arms for p in parts]),
             torch.cat([p.rewards for p in parts]),
+            features,
         )
+
+
+def feature_rows(
+    arms: Tensor, features: Tensor | None, arm_features: Tensor | None
+) -> tuple[Tensor, Tensor | None]:
+    """The index and table through which N rows read their arm features.
+
+    Without per-row `features` (N, F), row n reads `arm_features[arms[n]]`: (arms,
+    arm_features) as they are. With them, the table is `arm_features` followed by the
+    rows' own features, and row n reads row A + n of it; the callers' other indices into
+    `arm_features` keep their meaning. Plain tensor operations, so a CUDA graph can
+    capture them.
+    """
+    if features is None:
+        return arms, arm_features
+    if arm_features is None:
+        return torch.arange(features.shape[0], device=features.device), features
+    offset = arm_features.shape[0]
+    rows = offset + torch.arange(features.shape[0], device=arm_features.device)
+    return rows, torch.cat([arm_features, features.to(arm_features)])
 
 
 @dataclass(frozen=True)
@@ -106,7 +150,8 @@ class DataBuffer:
     `context_dim` is D for (D,) contexts, or a tuple, the shape of one context (an image's
     (C, H, W)). With `max_size`, it keeps a uniform reservoir sample (Vitter's algorithm R,
     drawn from `generator`) of at most `max_size` rows while `n_total` and the counts cover
-    all data.
+    all data. With `arm_feature_dim` F >= 1 every row carries its arm's (F,) features
+    (`Transitions.features`), and every appended batch must carry them.
     """
 
     def __init__(
@@ -117,15 +162,18 @@ class DataBuffer:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         generator: torch.Generator | None = None,
+        arm_feature_dim: int = 0,
     ) -> None:
         self.context_shape = as_context_shape("context_dim", context_dim)
         if max_size is not None:
             check_int("max_size", max_size, low=1)
+        self.arm_feature_dim = check_int("arm_feature_dim", arm_feature_dim, low=0)
         self.max_size = max_size
         self._generator = generator or torch.Generator().manual_seed(0)
         self._x = torch.empty(0, *self.context_shape, dtype=dtype, device=device)
         self._arms = torch.empty(0, dtype=torch.int64, device=device)
         self._rewards = torch.empty(0, dtype=dtype, device=device)
+        self._features = torch.empty(0, arm_feature_dim, dtype=dtype, device=device)
         self._size = 0
         self.n_total = 0
         self.arm_counts = torch.zeros(0, dtype=torch.int64)
@@ -155,6 +203,7 @@ class DataBuffer:
             dtype=sample.x.dtype,
             device=sample.x.device,
             generator=generator,
+            arm_feature_dim=0 if sample.features is None else sample.features.shape[1],
         )
         if len(sample):
             buffer._put_rows(sample, len(sample))
@@ -169,6 +218,11 @@ class DataBuffer:
             got_text = got[0] if len(got) == 1 else got
             raise ValueError(
                 f"batch.x must have {describe_contexts(self.context_shape)}, got {got_text}"
+            )
+        width = 0 if batch.features is None else batch.features.shape[1]
+        if width != self.arm_feature_dim:
+            raise ValueError(
+                f"batch.features must have {self.arm_feature_dim} columns (0: none), got {width}"
             )
         self._count(batch.arms)
         bulk = len(batch)
@@ -198,9 +252,12 @@ class DataBuffer:
             self._x = _resized(self._x, capacity)
             self._arms = _resized(self._arms, capacity)
             self._rewards = _resized(self._rewards, capacity)
+            self._features = _resized(self._features, capacity)
         self._x[self._size : end] = batch.x[:rows].to(self._x)
         self._arms[self._size : end] = batch.arms[:rows].to(self._arms.device)
         self._rewards[self._size : end] = batch.rewards[:rows].to(self._rewards)
+        if batch.features is not None:
+            self._features[self._size : end] = batch.features[:rows].to(self._features)
         self._size = end
         self.n_total += rows
 
@@ -211,11 +268,14 @@ class DataBuffer:
             self._x[slot] = batch.x[row].to(self._x)
             self._arms[slot] = batch.arms[row].to(self._arms.device)
             self._rewards[slot] = batch.rewards[row].to(self._rewards)
+            if batch.features is not None:
+                self._features[slot] = batch.features[row].to(self._features)
 
     def view(self) -> Transitions:
         """The stored rows (all data, or the reservoir sample)."""
         n = self._size
-        return Transitions(self._x[:n], self._arms[:n], self._rewards[:n])
+        features = self._features[:n] if self.arm_feature_dim else None
+        return Transitions(self._x[:n], self._arms[:n], self._rewards[:n], features)
 
     def regulariser_data(self, n_arms: int | None = None) -> RegulariserData:
         """The stored rows with |D| and per-arm counts padded to `n_arms` arms."""

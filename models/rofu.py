@@ -83,6 +83,7 @@ def rofu_scores(
     *,
     candidates: Tensor | None = None,
     arm_features: Tensor | None = None,
+    pair_features: Tensor | None = None,
     params: Params | None = None,
     basis: NtkBasis | None = None,
     kernel: Literal["fast", "functional"] = "fast",
@@ -98,7 +99,12 @@ def rofu_scores(
         generator: draws the regulariser minibatches (CPU generator); not used by `ntk`
             when `basis` is given.
         candidates: (B, A) bool, pairs to score; None scores every arm.
-        arm_features: (A, F) arm features, required by arm-feature networks.
+        arm_features: (A, F) arm features, required by arm-feature networks. Rows of the
+            data sample that carry their own (`Transitions.features`) read those.
+        pair_features: (B, A, F) per-request arm features of an arm-feature network:
+            context b scores arm a with `pair_features[b, a]` instead of `arm_features[a]`
+            (the regulariser's rows and weights are unchanged; arm a's pull count stays
+            arm a's). Only the candidates' entries are read.
         params: parameters theta_{t-1}; defaults to `net`'s own.
         basis: for `ntk`, the checkpoint's prepared `ntk_basis` (built here when None).
         kernel: for `exact`, `fast` takes the hand-written kernel where it applies (a
@@ -118,17 +124,19 @@ def rofu_scores(
     theta = _parameters(net, params)
     device, dtype = next(iter(theta.values())).device, next(iter(theta.values())).dtype
     contexts, arm_features, mask = _validated(net, contexts, data, candidates, arm_features)
+    _check_pair_features(net, pair_features, mask.shape)
     if arm_features is not None:
         arm_features = arm_features.to(device, dtype)
     batch_idx, arms = mask.nonzero(as_tuple=True)  # (P,), (P,)
     weights = regulariser_weights(data, arms, config).to(device, dtype)  # (P,)
+    table, rows = _query_rows(net, arm_features, pair_features, batch_idx, arms)
     contexts = contexts.to(device, dtype)
     with evaluating(net):  # batch norm on its running statistics; the caller's mode after
         if config.estimator == "ntk":
             if basis is None:
                 basis = prepare_ntk(net, theta, data, config, generator, arm_features)
             owner = batch_idx.to(device)
-            query = features(net, theta, contexts, arms.to(device), arm_features, owner)
+            query = features(net, theta, contexts, rows.to(device), table, owner)
             f0, gain = ntk_gains(basis, query, weights, config)
             mean, bonus = [f0], [_bonus(gain, config)]
         else:
@@ -136,11 +144,31 @@ def rofu_scores(
             sample = data.sample.to(device, dtype)  # no copy when already there
             ascent: ExactAscent | FunctionalAscent
             if kernel == "fast" and isinstance(net, RewardNet):  # the kernel's only model
-                ascent = ExactAscent(net, sample, arm_features, config, steps)
+                ascent = ExactAscent(net, sample, table, config, steps)
             else:
-                ascent = FunctionalAscent(net, sample, arm_features, config, steps)
-            mean, bonus = _ascend(ascent, theta, contexts, batch_idx, arms, weights, config)
+                ascent = FunctionalAscent(net, sample, table, config, steps)
+            mean, bonus = _ascend(ascent, theta, contexts, batch_idx, rows, weights, config)
     return _scatter(mask, batch_idx, arms, mean, bonus, device, dtype)
+
+
+def _query_rows(
+    net: RewardModel,
+    arm_features: Tensor | None,
+    pair_features: Tensor | None,
+    batch_idx: Tensor,
+    arms: Tensor,
+) -> tuple[Tensor | None, Tensor]:
+    """The feature table the P pairs read and each pair's row of it, (P,).
+
+    Without per-request features: `arm_features`, read at each pair's arm. With them:
+    `arm_features` followed by the B x A per-request rows; pair (b, a) reads row
+    A + b * A + a.
+    """
+    if pair_features is None or arm_features is None:
+        return arm_features, arms
+    n_arms = arm_features.shape[0]
+    flat = pair_features.to(arm_features).reshape(-1, net.arm_feature_dim)  # (B*A, F)
+    return torch.cat([arm_features, flat]), n_arms + batch_idx * n_arms + arms
 
 
 def _ascend(
@@ -226,13 +254,34 @@ def _validated(
         raise ValueError("data.sample is empty: ROFU needs at least one logged transition")
     if tuple(data.sample.x.shape[1:]) != net.context_shape:
         raise ValueError(f"data.sample.x must have {describe_contexts(net.context_shape)}")
-    if int(data.sample.arms.max()) >= n_arms:
+    own = data.sample.features
+    if own is not None and (net.per_arm_outputs or own.shape[1] != net.arm_feature_dim):
+        raise ValueError(
+            f"data.sample.features must have {net.arm_feature_dim} columns (per-row arm "
+            "features need an arm-feature network)"
+        )
+    if own is None and int(data.sample.arms.max()) >= n_arms:
         raise ValueError(f"data.sample.arms refers to an arm >= {n_arms}, the number of arms")
     shape = (contexts.shape[0], n_arms)
     if candidates is None:
         return contexts, arm_features, torch.ones(shape, dtype=torch.bool)
     mask = require_tensor("candidates", candidates).cpu()
     return contexts, arm_features, check_mask_tensor("candidates", mask, shape)
+
+
+def _check_pair_features(
+    net: RewardModel, pair_features: Tensor | None, shape: tuple[int, ...]
+) -> None:
+    if pair_features is None:
+        return
+    if net.per_arm_outputs:
+        raise ValueError("pair_features must be None for a network with one output per arm")
+    check_float_tensor(
+        "pair_features",
+        pair_features,
+        ndim=3,
+        size={0: shape[0], 1: shape[1], 2: net.arm_feature_dim},
+    )
 
 
 def _scatter(

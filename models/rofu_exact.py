@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from models.data import Transitions
+from models.data import Transitions, feature_rows
 from models.networks import ACTIVATION_GRADS, ACTIVATIONS, RewardNet
 from models.rofu_config import RofuConfig
 
@@ -47,23 +47,25 @@ class ExactAscent:
         config: RofuConfig,
         steps: Tensor | None,
     ) -> None:
-        self.net, self.arm_features, self.config = net, arm_features, config
+        self.net, self.config = net, config
+        # Rows with their own arm features read them from the end of the table.
+        index, self.arm_features = feature_rows(sample.arms, sample.features, arm_features)
         self.act: Callable[[Tensor], Tensor] = ACTIVATIONS[net.config.activation]
         self.act_grad = ACTIVATION_GRADS[net.config.activation]
         self.per_arm = net.config.per_arm_outputs
         if steps is None:
-            self.rows = [self._step_rows(sample, None)]  # the whole sample at every step
+            self.rows = [self._step_rows(sample, index, None)]  # the whole sample every step
         else:
-            self.rows = [self._step_rows(sample, rows) for rows in steps]
+            self.rows = [self._step_rows(sample, index, rows) for rows in steps]
 
-    def _step_rows(self, sample: Transitions, rows: Tensor | None) -> _Rows:
+    def _step_rows(self, sample: Transitions, index: Tensor, rows: Tensor | None) -> _Rows:
         # Plain indexing, no Transitions (whose checks read values back to the host), so
         # that a CUDA graph can capture this (models.rofu_graphs).
         x, arms, rewards = sample.x, sample.arms, sample.rewards
         if rows is not None:
             rows = rows.to(x.device)
-            x, arms, rewards = x[rows], arms[rows], rewards[rows]
-        inputs = self.net.inputs(x, arms, self.arm_features)  # (m, I0)
+            x, arms, index, rewards = x[rows], arms[rows], index[rows], rewards[rows]
+        inputs = self.net.inputs(x, index, self.arm_features)  # (m, I0)
         return _Rows(inputs, self._unit(arms), rewards)
 
     def _unit(self, arms: Tensor) -> Tensor:

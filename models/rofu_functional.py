@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from models.data import Transitions
+from models.data import Transitions, feature_rows
 from models.rofu_config import RofuConfig
 
 Params = dict[str, Tensor]
@@ -31,7 +31,9 @@ class FunctionalAscent:
         config: RofuConfig,
         steps: Tensor | None,
     ) -> None:
-        self.net, self.arm_features, self.config = net, arm_features, config
+        self.net, self.config = net, config
+        # Rows with their own arm features read them from the end of the table.
+        self.index, self.arm_features = feature_rows(sample.arms, sample.features, arm_features)
         self.sample, self.steps = sample, steps
         self.pair_grad = vmap(grad(self._loss), in_dims=(0, 0, 0, 0, 0, None, None, None))
         self.pair_value = vmap(self._value, in_dims=(0, 0, 0))
@@ -67,11 +69,11 @@ class FunctionalAscent:
         return loss
 
     def _rows(self, step: int) -> tuple[Tensor, Tensor, Tensor]:
-        sample = self.sample
+        sample, index = self.sample, self.index
         if self.steps is None:
-            return sample.x, sample.arms, sample.rewards
+            return sample.x, index, sample.rewards
         rows = self.steps[step].to(sample.x.device)
-        return sample.x[rows], sample.arms[rows], sample.rewards[rows]
+        return sample.x[rows], index[rows], sample.rewards[rows]
 
     def ascend(
         self, theta: Params, x: Tensor, arm: Tensor, weight: Tensor

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from models.data import RegulariserData
+from models.data import RegulariserData, feature_rows
 from models.networks import ACTIVATION_GRADS, ACTIVATIONS, RewardNet
 from models.rofu_config import RofuConfig, minibatch_indices
 
@@ -259,7 +259,8 @@ def prepare_ntk(
     else:
         parts = sample.subset(steps.flatten().to(device))
         offsets = tuple(steps.shape[1] * e for e in range(steps.shape[0] + 1))
-    rows = features(net, theta, parts.x, parts.arms, arm_features)
+    index, table = feature_rows(parts.arms, parts.features, arm_features)
+    rows = features(net, theta, parts.x, index, table)
     if steps is None:
         gram: tuple[Tensor, ...] = (rows.kernel(rows) if config.steps > 1 else rows.value[:0],)
     else:  # only the blocks the steps use: rows of step e against those of steps < e

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from models.data import Transitions
+from models.data import Transitions, feature_rows
 from models.networks import RewardNet
 from models.reward_model import RewardModel, training
 from models.validation import check_choice, check_float, check_int, describe_contexts
@@ -87,7 +87,8 @@ def fit(
         data: logged transitions (N >= 1).
         config: optimiser, schedule and number of updates.
         generator: draws the minibatch rows; the same seed gives the same theta_t.
-        arm_features: (A, F) arm features for an arm-feature network.
+        arm_features: (A, F) arm features for an arm-feature network (rows carrying their
+            own, `data.features`, read those instead).
         dropout_generator: train with dropout masks from this generator (Dropout policy;
             a `RewardNet` only).
         optimizer: continue this optimizer (from `make_optimizer(net, config)`), so its
@@ -107,6 +108,9 @@ def fit(
     }:
         raise ValueError("optimizer must hold exactly the parameters of net")
     data = data.to(device, next(net.parameters()).dtype)
+    if arm_features is not None:
+        arm_features = arm_features.to(data.x)
+    index, table = feature_rows(data.arms, data.features, arm_features)
     losses: list[Tensor] = []
     grad_norm = 0.0
     with training(net):
@@ -114,7 +118,7 @@ def fit(
             rows = _rows(len(data), config.batch_size, generator).to(device)
             for group in optimizer.param_groups:
                 group["lr"] = config.lr_at(step)
-            args = (data.x[rows], data.arms[rows], arm_features)
+            args = (data.x[rows], index[rows], table)
             pred = net(*args) if dropout_generator is None else net(*args, dropout_generator)
             loss = (pred - data.rewards[rows]).square().mean()
             optimizer.zero_grad(set_to_none=True)
@@ -144,7 +148,12 @@ def _check_fit_inputs(
         raise ValueError("data must be a non-empty Transitions")
     if tuple(data.x.shape[1:]) != net.context_shape:
         raise ValueError(f"data.x must have {describe_contexts(net.context_shape)}")
-    if int(data.arms.max()) >= net.arm_count(arm_features):
+    if data.features is not None and data.features.shape[1] != net.arm_feature_dim:
+        raise ValueError(
+            f"data.features must have {net.arm_feature_dim} columns (per-row arm features "
+            "need an arm-feature network)"
+        )
+    if data.features is None and int(data.arms.max()) >= net.arm_count(arm_features):
         raise ValueError("data.arms refers to an arm the network cannot score")
     if dropout_generator is not None and not isinstance(net, RewardNet):
         raise TypeError(f"dropout_generator needs a RewardNet, got {type(net).__name__}")

@@ -54,6 +54,8 @@ class ServiceLog:
             apprentice row those it would have (0 off the candidates; NaN rows where
             not logged).
         unactivated: deferred decisions left out for want of an activation in time.
+        arm_features: per row, the request's own arm features (arm id -> features) that
+            replaced the catalogue's, or None (an arm-feature network's scoring reads them).
     """
 
     contexts: np.ndarray
@@ -70,6 +72,7 @@ class ServiceLog:
     served_baseline: np.ndarray
     rule: np.ndarray
     unactivated: int = 0
+    arm_features: tuple[dict[str, list[float]] | None, ...] = ()
 
     def __len__(self) -> int:
         return int(self.actions.shape[0])
@@ -156,6 +159,7 @@ def _arrays(
         ),
         served_baseline=np.array([r.policy == APPRENTICE for r in records], dtype=bool),
         rule=rule,
+        arm_features=tuple(r.arm_features for r in records),
     )
 
 
@@ -206,11 +210,28 @@ def checkpoint_scores(
             checkpoint_generator(settings.seed, snapshot.version),  # as each /select call
             candidates=mask,
             arm_features=features,
+            pair_features=_own_features(log, rows, features),
             basis=basis,
         )
         mean[rows] = scores.mean.detach().double().numpy()[:, : log.n_slots]
         bonus[rows] = scores.bonus.detach().double().numpy()[:, : log.n_slots]
     return CheckpointScores(snapshot.version, mean, bonus)
+
+
+def _own_features(
+    log: ServiceLog, rows: slice, features: torch.Tensor | None
+) -> torch.Tensor | None:
+    """(B, S, F) the rows' arm features, the catalogue's with each request's own in place
+    (as `/v1/select` scored them); None when no row of the chunk sent its own."""
+    own = log.arm_features[rows]
+    if features is None or not any(own):
+        return None
+    slots = {arm.id: arm.slot for arm in log.catalogue.arms}
+    table = features.expand(len(own), *features.shape).clone()
+    for row, given in enumerate(own):
+        for arm, values in (given or {}).items():
+            table[row, slots[arm]] = torch.tensor(values, dtype=table.dtype)
+    return table
 
 
 def _snapshot(settings: Settings, sessions: SessionFactory, version: int | None) -> Snapshot:
@@ -219,7 +240,12 @@ def _snapshot(settings: Settings, sessions: SessionFactory, version: int | None)
     try:
         found = store.latest() if version is None else store.get(version)
         if found is not None:
-            return Snapshot.from_blob(found[1], settings.net_config(), torch.device("cpu"))
+            return Snapshot.from_blob(
+                found[1],
+                settings.net_config(),
+                torch.device("cpu"),
+                hash_seed=settings.feature_hash_seed,
+            )
     except CheckpointError as exc:  # damaged, unreadable, or another network's
         raise EvaluationError(f"{name}: {exc}") from exc
     raise EvaluationError(f"{name} is not stored")

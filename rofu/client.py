@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -78,16 +78,20 @@ class Call:
     params: dict[str, Any] | None = None
 
 
+Context = Sequence[float] | Mapping[str, Any]  # a vector, or named features (README)
+
+
 def _select(
-    context: Sequence[float],
+    context: Context,
     event_id: str | None,
     arms: Sequence[str] | None,
     exclude: Sequence[str] | None,
     explore: bool,
-    defer: bool,
+    defer: bool = False,
+    arm_features: Mapping[str, Context] | None = None,
 ) -> Call:
     body: dict[str, Any] = {
-        "context": list(context),
+        "context": dict(context) if isinstance(context, Mapping) else list(context),
         "event_id": event_id or uuid.uuid4().hex,  # drawn once: every retry repeats it
         "explore": explore,
         "defer": defer,
@@ -96,6 +100,10 @@ def _select(
         body["arms"] = list(arms)
     if exclude is not None:
         body["exclude"] = list(exclude)
+    if arm_features is not None:
+        body["arm_features"] = {
+            arm: dict(z) if isinstance(z, Mapping) else list(z) for arm, z in arm_features.items()
+        }
     return Call("POST", "/v1/select", body)
 
 
@@ -222,17 +230,21 @@ class RofuClient:
 
     def select(
         self,
-        context: Sequence[float],
+        context: Context,
         *,
         event_id: str | None = None,
         arms: Sequence[str] | None = None,
         exclude: Sequence[str] | None = None,
         explore: bool = True,
         defer: bool = False,
+        arm_features: Mapping[str, Context] | None = None,
     ) -> SelectResponse:
-        """POST /v1/select: a decision (the same one again for a repeated `event_id`);
-        with `defer`, trained on only once `activate` activates it."""
-        call = _select(context, event_id, arms, exclude, explore, defer)
+        """POST /v1/select: a decision (the same one again for a repeated `event_id`).
+
+        `context` is a vector of context_dim numbers or an object of named features;
+        `arm_features` gives candidates per-request features (arm-feature models); with
+        `defer`, the decision is trained on only once `activate` activates it."""
+        call = _select(context, event_id, arms, exclude, explore, defer, arm_features)
         return _parse(SELECTED, self.send(call))
 
     def reward(self, event_id: str, value: float) -> RewardResponse:
@@ -337,16 +349,17 @@ class AsyncRofuClient:
 
     async def select(
         self,
-        context: Sequence[float],
+        context: Context,
         *,
         event_id: str | None = None,
         arms: Sequence[str] | None = None,
         exclude: Sequence[str] | None = None,
         explore: bool = True,
         defer: bool = False,
+        arm_features: Mapping[str, Context] | None = None,
     ) -> SelectResponse:
-        """POST /v1/select."""
-        call = _select(context, event_id, arms, exclude, explore, defer)
+        """POST /v1/select (see `RofuClient.select`)."""
+        call = _select(context, event_id, arms, exclude, explore, defer, arm_features)
         return _parse(SELECTED, await self.send(call))
 
     async def reward(self, event_id: str, value: float) -> RewardResponse:

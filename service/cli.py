@@ -120,7 +120,14 @@ def _pin(args: argparse.Namespace) -> int:
             pinning.unpin(sessions, bus)
         elif args.version is not None:
             store = CheckpointStore(sessions, settings.checkpoint_dir)
-            pinning.pin(sessions, store, settings.net_config(), args.version, bus)
+            pinning.pin(
+                sessions,
+                store,
+                settings.net_config(),
+                args.version,
+                bus,
+                hash_seed=settings.feature_hash_seed,
+            )
         pinned = repository.get_pin(sessions)
     except ServiceError as exc:
         print(f"rofu {args.command}: {exc.message}", file=sys.stderr)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from sqlalchemy.exc import IntegrityError
 
 from service.apprentice import check_baseline, with_baseline
-from service.catalogue import CatalogueCache
+from service.catalogue import Arm, CatalogueCache
 from service.db import repository
 from service.db.engine import SessionFactory
 from service.db.tables import DecisionRow
@@ -28,10 +28,14 @@ from service.scoring import SelectJob, SelectOutcome
 
 @dataclass(frozen=True)
 class Pending:
-    """One validated /select request and the digest of what defines it."""
+    """One validated /select request, the digest of what defines it, and the vectors the
+    model reads (`service.decisions.vectors`): its context, and per-request arm features
+    by arm id."""
 
     body: SelectRequest
     digest: str
+    context: tuple[float, ...]
+    arm_features: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -115,15 +119,19 @@ class DecisionBatch:
             return {}
         jobs = {}
         for i in waiting:
-            body = batch[i].body
+            pending = batch[i]
+            body = pending.body
             try:
                 candidates = catalogue.candidates(body.arms, body.exclude)
                 check_baseline(body, candidates, apprentice=self._apprentice)
+                own = _own_features(candidates, pending.arm_features)
             except InvalidInput as exc:
                 results[i] = exc
                 continue
             event_id = body.event_id or uuid.uuid4().hex  # the draw derives from it
-            jobs[i] = SelectJob(event_id, tuple(body.context), tuple(candidates), body.explore)
+            jobs[i] = SelectJob(
+                event_id, pending.context, tuple(candidates), body.explore, arm_features=own
+            )
         return jobs
 
     def _score(
@@ -197,8 +205,28 @@ def _replay(stored: DecisionRow, digest: str) -> Result:
     return Decided(stored, created=False)
 
 
+def _own_features(
+    candidates: list[Arm], arm_features: Mapping[str, tuple[float, ...]]
+) -> tuple[tuple[int, tuple[float, ...]], ...]:
+    """Per-request arm features as (slot, features) pairs; every arm must be a candidate.
+
+    Raises:
+        InvalidInput: features for an arm that is not among the request's candidates.
+    """
+    slots = {arm.id: arm.slot for arm in candidates}
+    for arm in arm_features:
+        if arm not in slots:
+            raise InvalidInput(
+                f"arm_features.{arm}: {arm!r} is not a candidate of this request (unknown, "
+                "retired, excluded or not in `arms`)",
+                field=f"arm_features.{arm}",
+            )
+    return tuple((slots[arm], values) for arm, values in arm_features.items())
+
+
 def _row(pending: Pending, job: SelectJob, outcome: SelectOutcome) -> DecisionRow:
     scores = [dataclasses.asdict(score) for score in outcome.scores]  # candidates' order
+    body = pending.body
     return DecisionRow(
         event_id=job.event_id,
         context=list(job.context),
@@ -213,4 +241,6 @@ def _row(pending: Pending, job: SelectJob, outcome: SelectOutcome) -> DecisionRo
         scores=scores,
         request_hash=pending.digest,
         deferred=pending.body.defer,
+        named_context=body.context if isinstance(body.context, dict) else None,
+        arm_features={arm: list(values) for arm, values in pending.arm_features.items()} or None,
     )

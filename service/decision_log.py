@@ -62,6 +62,10 @@ class LoggedDecision:
         activated_at: a deferred decision's first activation (None: never activated).
         activation_late: the activation came after the window or after the trainer
             consumed the decision.
+        named_context: the named features the request sent, as validated (`context` is
+            their hashed vector); None for a dense context.
+        arm_features: candidate arm id -> the features it was scored with, for the
+            candidates the request gave its own (the others had the catalogue's).
     """
 
     event_id: str
@@ -85,6 +89,8 @@ class LoggedDecision:
     deferred: bool = False
     activated_at: datetime | None = None
     activation_late: bool = False
+    named_context: dict[str, Any] | None = None
+    arm_features: dict[str, list[float]] | None = None
 
     @property
     def rule_probabilities(self) -> list[float] | None:
@@ -213,6 +219,8 @@ def record(decision: DecisionRow, reward: RewardRow | None) -> LoggedDecision:
         deferred=decision.deferred,
         activated_at=decision.activated_at,
         activation_late=decision.activation_late,
+        named_context=decision.named_context,
+        arm_features=decision.arm_features,
     )
 
 

@@ -6,7 +6,7 @@ Kept apart from the route so that `rofu.client` reads typed rows without the web
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
@@ -48,6 +48,16 @@ class DecisionRecord(BaseModel):
         default=None,
         description="Apprentice mode: rofu's rule's probabilities per candidate; else null",
     )
+    named_context: dict[str, Any] | None = Field(
+        default=None,
+        description="The named features the request sent (`context` is their hashed "
+        "vector); null for a dense context",
+    )
+    arm_features: dict[str, list[float]] | None = Field(
+        default=None,
+        description="Candidate arm id -> the features it was scored with, for the arms "
+        "the request gave its own; null when all had the catalogue's",
+    )
     deferred: bool = Field(default=False, description="Logged with `defer`")
     activated_at: datetime | None = Field(
         default=None, description="A deferred decision's first activation; null: none"
@@ -83,6 +93,8 @@ class DecisionRecord(BaseModel):
             baseline_arm=record.baseline_arm,
             rofu_arm=record.rofu_arm,
             rofu_probabilities=record.rofu_probabilities,
+            named_context=record.named_context,
+            arm_features=record.arm_features,
             deferred=record.deferred,
             activated_at=record.activated_at,
             activation_late=record.activation_late,

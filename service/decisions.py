@@ -2,6 +2,8 @@
 
 The same `event_id` always returns the first decision stored under it; the same key
 with a different request is a 409, never a second decision (`service.decision_batch`).
+Named features (the context, per-request arm features) are hashed here into the vectors
+the model reads (`service.features`), which then pass the same checks as dense ones.
 """
 
 from __future__ import annotations
@@ -9,7 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 
+from starlette.concurrency import run_in_threadpool
+
 from models.scores import ArmScore
+from service import features
 from service.batcher import MicroBatcher
 from service.db.tables import DecisionRow
 from service.deadline import within
@@ -22,7 +27,12 @@ from service.settings import Settings
 
 
 def request_hash(body: SelectRequest) -> str:
-    """A digest of everything that defines the request (not the key itself)."""
+    """A digest of everything that defines the request (not the key itself).
+
+    Named features are digested as validated (numbers as floats) with their keys sorted:
+    the same named context in another key order is the same request. A request without
+    per-request arm features has the digest it had before they existed.
+    """
     defining: dict[str, object] = {
         "context": body.context,
         "arms": body.arms,
@@ -34,6 +44,8 @@ def request_hash(body: SelectRequest) -> str:
         defining["baseline_arm"] = body.baseline_arm
     if body.defer:
         defining["defer"] = True
+    if body.arm_features:  # omitted == {}
+        defining["arm_features"] = body.arm_features
     canonical = json.dumps(defining, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -45,8 +57,11 @@ async def decide(
     metrics: ServiceMetrics,
 ) -> SelectResponse:
     """Answer one /select request (the batch looks its key up, scores and stores it)."""
-    _check_context(body.context, settings.context_dim, settings.max_abs_feature)
-    pending = Pending(body, request_hash(body))
+    if isinstance(body.context, dict) or body.arm_features:  # hashing: off the event loop
+        context, arm_features = await run_in_threadpool(vectors, body, settings)
+    else:
+        context, arm_features = vectors(body, settings)
+    pending = Pending(body, request_hash(body), context, arm_features)
     result = await within(settings.request_deadline_seconds, batcher.submit(pending))
     if isinstance(result, Exception):
         raise result
@@ -57,16 +72,37 @@ async def decide(
     return response(result.row)
 
 
-def _check_context(context: list[float], dim: int, limit: float) -> None:
-    if len(context) != dim:
-        raise InvalidInput(f"context: expected {dim} values, got {len(context)}", field="context")
-    beyond = next((i for i, v in enumerate(context) if abs(v) > limit), None)
-    if beyond is not None:
+def vectors(
+    body: SelectRequest, settings: Settings
+) -> tuple[tuple[float, ...], dict[str, tuple[float, ...]]]:
+    """The context vector and the per-request arm feature vectors the model reads: dense
+    ones checked, named ones hashed (`ROFU_FEATURE_HASH_SEED`) and checked.
+
+    Raises:
+        InvalidInput: a vector of another length, a value beyond ROFU_MAX_ABS_FEATURE, or
+            per-request arm features for a model with one output per arm; the field
+            names the offending value (`context.user.age`, `arm_features.arm-1.3`).
+    """
+    if body.arm_features and not settings.arm_feature_dim:
         raise InvalidInput(
-            f"context.{beyond}: {context[beyond]} is beyond the bound +-{limit:g} "
-            "(ROFU_MAX_ABS_FEATURE); scale the feature",
-            field=f"context.{beyond}",
+            "arm_features: the model has one output per arm and reads no arm features "
+            "(ROFU_ARM_FEATURE_DIM is 0); omit them",
+            field="arm_features",
         )
+    seed, bound = settings.feature_hash_seed, settings.max_abs_feature
+    try:
+        context = features.to_vector(body.context, settings.context_dim, seed, max_abs=bound)
+        arm_features = {
+            arm: tuple(
+                features.to_vector(
+                    value, settings.arm_feature_dim, seed, max_abs=bound, path=f"arm_features.{arm}"
+                )
+            )
+            for arm, value in (body.arm_features or {}).items()
+        }
+    except features.FeatureError as exc:
+        raise InvalidInput(str(exc), field=exc.field) from exc
+    return tuple(context), arm_features
 
 
 def stored_scores(row: DecisionRow) -> list[ArmScore]:

@@ -57,6 +57,8 @@ class CheckpointFollower:
         expect: RewardNetConfig,
         device: torch.device,
         redis_bus: RedisBus | None = None,
+        *,
+        hash_seed: int,
     ) -> None:
         self.state = ModelState.STARTING
         self._sessions = sessions
@@ -64,6 +66,7 @@ class CheckpointFollower:
         self._holder = holder
         self._metrics = metrics
         self._expect = expect
+        self._hash_seed = hash_seed  # a checkpoint of another feature hash seed is refused
         self._device = device
         self._redis = redis_bus
         self._lock = threading.Lock()  # poll, notices, publishes and admin calls
@@ -150,7 +153,9 @@ class CheckpointFollower:
     def accept(self, version: int, blob: bytes, *, only_newer: bool = True) -> bool:
         """Verify a checkpoint and swap it in; a bad one is refused, logged and counted."""
         try:
-            snapshot = Snapshot.from_blob(blob, self._expect, self._device)
+            snapshot = Snapshot.from_blob(
+                blob, self._expect, self._device, hash_seed=self._hash_seed
+            )
             if snapshot.version != version:
                 raise CheckpointError(f"blob holds version {snapshot.version}, not {version}")
         except CheckpointError as exc:
@@ -173,7 +178,14 @@ class CheckpointFollower:
 
     def pin(self, version: int) -> None:
         """Pin every replica to stored checkpoint `version` (see `service.pinning.pin`)."""
-        pinning.pin(self._sessions, self._store, self._expect, version, self._redis)
+        pinning.pin(
+            self._sessions,
+            self._store,
+            self._expect,
+            version,
+            self._redis,
+            hash_seed=self._hash_seed,
+        )
 
     def unpin(self) -> None:
         """Serve the newest checkpoint again, on every replica."""

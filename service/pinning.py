@@ -6,12 +6,13 @@ replicas apply it at once, and their periodic sync applies it anyway.
 
 from __future__ import annotations
 
-from models import CheckpointError, RewardNetConfig, load_checkpoint
+from models import CheckpointError, RewardNetConfig
 from service.checkpoint_store import CheckpointStore
 from service.db import repository
 from service.db.engine import SessionFactory
 from service.errors import Conflict, NotFound
 from service.redis_bus import PIN_NOTICE, RedisBus
+from service.snapshot import load_served
 
 
 def pin(
@@ -20,13 +21,15 @@ def pin(
     expect: RewardNetConfig,
     version: int,
     bus: RedisBus | None = None,
+    *,
+    hash_seed: int,
 ) -> None:
     """Serve checkpoint `version` on every replica until `unpin`.
 
     Raises:
         NotFound: no stored checkpoint has that version.
         Conflict: the stored checkpoint is quarantined, cannot be read or fails
-            verification (it would be refused).
+            verification, of another network or feature hash seed (it would be refused).
     """
     try:
         stored = store.get(version)  # damaged bytes are quarantined here
@@ -35,7 +38,7 @@ def pin(
     if stored is None:
         raise NotFound(f"no checkpoint with version {version}", field="version")
     try:
-        load_checkpoint(stored[1], expect=expect)
+        load_served(stored[1], expect, hash_seed=hash_seed)
     except CheckpointError as exc:
         raise Conflict(f"checkpoint {version} fails verification: {exc}", field="version") from exc
     repository.set_pin(sessions, version)

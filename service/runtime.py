@@ -98,6 +98,7 @@ class Runtime:
             settings.net_config(),
             self.device,
             self.redis,
+            hash_seed=settings.feature_hash_seed,
         )
         self.trainer_loop: TrainerLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []

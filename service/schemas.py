@@ -9,9 +9,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, WrapValidator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from models.scores import ArmScore
+from service import features
 from service.settings import ARM_ID_PATTERN
 
 EVENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$"
@@ -34,14 +36,46 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
+# A named feature's value, and named features (documented in `service.features`).
+FeatureValue = float | bool | str | list[str] | list[float] | None
+NamedFeatures = dict[str, FeatureValue]
+NamedContext = dict[str, NamedFeatures | FeatureValue]
+_DENSE: TypeAdapter[list[float]] = TypeAdapter(list[Feature], config=ConfigDict(strict=True))
+
+
+def _dense_or_named(value: Any, _handler: Any) -> list[float] | dict[str, object]:
+    """A dense list of numbers, or a named object validated by `service.features` (whose
+    errors name the offending key: `context.user.age`)."""
+    if isinstance(value, dict):
+        try:
+            return features.normalise(value, path="")
+        except features.FeatureError as exc:
+            error = PydanticCustomError("named_feature", "{reason}", {"reason": exc.reason})
+            detail = InitErrorDetails(type=error, loc=exc.loc, input=value)
+            raise ValidationError.from_exception_data("named features", [detail]) from exc
+    if isinstance(value, list):
+        return _DENSE.validate_python(value)
+    raise PydanticCustomError(
+        "features_type", "Input should be an array of numbers or an object of named features"
+    )
+
+
+Features = Annotated[list[Feature] | NamedContext, WrapValidator(_dense_or_named)]
+
+
 class SelectRequest(_Strict):
     """Which arm should this context get?"""
 
     context: Annotated[
-        list[Feature],
+        Features,
         Field(
-            description="Feature vector; its length is the configured context_dim",
-            examples=[[0.1, -0.4, 1.0, 0.0, 0.3, 0.2, -1.2, 0.5]],
+            description="A feature vector of the configured context_dim, or an object of "
+            "named features (namespaces of numbers, booleans, strings and lists) hashed "
+            "into it (see the README, `Named features`)",
+            examples=[
+                [0.1, -0.4, 1.0, 0.0, 0.3, 0.2, -1.2, 0.5],
+                {"user": {"age": 31, "country": "fr"}, "device": {"mobile": True}},
+            ],
         ),
     ]
     event_id: EventId | None = Field(
@@ -64,6 +98,13 @@ class SelectRequest(_Strict):
         default=False,
         description="True: trained on only once POST /v1/events/{event_id}/activate "
         "activates it within the reward window (the app may not show the choice)",
+    )
+    arm_features: dict[ArmId, Features] | None = Field(
+        default=None,
+        description="Per-request arm features (arm-feature models only): candidate arm id "
+        "-> arm_feature_dim numbers, or named features hashed into them; they replace "
+        "the catalogue's features of that arm for this decision, and are trained on",
+        examples=[{"arm-0": {"price": 9.5, "category": "shoes"}}],
     )
 
 
@@ -165,6 +206,9 @@ class ModelResponse(BaseModel):
     n_data: int = Field(description="|D|, logged transitions the checkpoint learned from")
     network: dict[str, object]
     rofu: dict[str, object]
+    feature_hash_seed: int = Field(
+        description="The seed named features are hashed with (ROFU_FEATURE_HASH_SEED)"
+    )
 
 
 class CheckpointInfo(BaseModel):

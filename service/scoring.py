@@ -1,6 +1,7 @@
 """Scoring a micro-batch of /select requests with ROFU from the served snapshot.
 
-A request's scores depend only on the served version, its candidates and its context:
+A request's scores depend only on the served version, its candidates (with their
+features: the catalogue's, or the request's own) and its context:
 every random number of the estimator (the regulariser's minibatches) comes from the
 checkpoint's own generator, drawn afresh for every call, so batch mates and earlier
 calls change nothing. The choice is random only where the selection rule says so (ties,
@@ -38,6 +39,18 @@ def checkpoint_generator(seed: int, version: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + version)
 
 
+def _per_request(jobs: list[SelectJob], features: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, slots, F) arm features by job: the catalogue's, with each job's own in place;
+    None when no job has its own (or the network reads no arm features)."""
+    if features is None or not any(job.arm_features for job in jobs):
+        return None
+    table = features.expand(len(jobs), *features.shape).clone()  # (B, slots, F)
+    for row, job in enumerate(jobs):
+        for slot, values in job.arm_features:
+            table[row, slot] = torch.tensor(values, dtype=table.dtype)
+    return table
+
+
 def event_uniform(seed: int, event_id: str) -> float:
     """The uniform number in [0, 1) that draws the arm of event `event_id`: 53 bits of
     SHA-256(seed, event id), so distinct events draw independently of each other, of
@@ -48,12 +61,17 @@ def event_uniform(seed: int, event_id: str) -> float:
 
 @dataclass(frozen=True)
 class SelectJob:
-    """One validated /select request, with the event id its decision is stored under."""
+    """One validated /select request, with the event id its decision is stored under.
+
+    `arm_features`: (slot, features) of the candidates given per-request arm features,
+    which replace the catalogue's for this job (arm-feature networks only).
+    """
 
     event_id: str
     context: tuple[float, ...]
     candidates: tuple[Arm, ...]
     explore: bool
+    arm_features: tuple[tuple[int, tuple[float, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -115,7 +133,7 @@ class Scorer:
             features = catalogue.feature_table(self._arm_feature_dim).to(device)
         contexts = torch.tensor([job.context for job in jobs], dtype=torch.float32)
         bounded = snapshot.bounded(contexts.to(device))  # into the range the network knows
-        raw = self._scores(snapshot, bounded, mask, features)
+        raw = self._scores(snapshot, bounded, mask, features, _per_request(jobs, features))
         scores = Scores(raw.mean.cpu().double(), raw.bonus.cpu().double())
         finite = ((torch.isfinite(scores.mean) & torch.isfinite(scores.bonus)) | ~mask).all(1)
         explore = torch.tensor([job.explore for job in jobs])
@@ -133,8 +151,11 @@ class Scorer:
         contexts: torch.Tensor,
         mask: torch.Tensor,
         features: torch.Tensor | None,
+        pair_features: torch.Tensor | None,
     ) -> Scores:
-        graphed = self._graphed(snapshot, features)
+        """Scores from the CUDA graphs when built and no job has its own arm features,
+        else from `rofu_scores` (with the checkpoint's NTK basis, when `ntk`)."""
+        graphed = None if pair_features is not None else self._graphed(snapshot, features)
         generator = checkpoint_generator(self._seed, snapshot.version)  # used by `exact`
         if graphed is not None:
             try:
@@ -150,6 +171,7 @@ class Scorer:
             generator,
             candidates=mask,
             arm_features=features,
+            pair_features=pair_features,
             basis=self.basis(snapshot, features),
         )
 

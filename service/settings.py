@@ -61,6 +61,10 @@ class Settings(BaseSettings):
     arms: list[ArmSpec] = Field(default_factory=_demo_arms)
     arm_feature_dim: Annotated[int, Field(ge=0)] = 0
     max_arms: Annotated[int, Field(ge=1, le=100_000)] = 64
+    # Named features (service.features) are hashed into context_dim (and per-request
+    # arm features into arm_feature_dim) by MurmurHash3 seeded with this. Checkpoints
+    # record it; a replica refuses one trained with another seed.
+    feature_hash_seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0
     # ROFU's preset (models.presets): the network, estimator and learner settings below
     # default to it; one set explicitly overrides it. `product` is what the replay validated.
     preset: str = PRODUCT.name
@@ -303,6 +307,7 @@ class Settings(BaseSettings):
             "fit_steps_per_row": self.fit_steps_per_row,
             "fit_max_steps": self.fit_max_steps,
             "fit_persist": self.fit_persist,
+            "feature_hash_seed": self.feature_hash_seed,
         }
 
     @classmethod

@@ -12,8 +12,42 @@ from dataclasses import dataclass
 
 import torch
 
-from models import Checkpoint, RegulariserData, RewardNet, RewardNetConfig, load_checkpoint
+from models import (
+    Checkpoint,
+    CheckpointError,
+    RegulariserData,
+    RewardNet,
+    RewardNetConfig,
+    load_checkpoint,
+)
 from models.checkpoint import checkpoint_checksum
+
+#: The `Checkpoint.extra` key recording the feature hash seed (`ROFU_FEATURE_HASH_SEED`)
+#: the checkpoint's named features were hashed with.
+HASH_SEED_KEY = "feature_hash_seed"
+
+
+def load_served(blob: bytes, expect: RewardNetConfig, *, hash_seed: int) -> Checkpoint:
+    """Verify and load a checkpoint this replica (or trainer) may serve or continue.
+
+    Besides the network structure (`load_checkpoint`'s `expect`), the feature hash seed
+    must be the configured one: under another seed a named feature lands in another
+    index, so the network would read every hashed context wrongly. A checkpoint that
+    records no seed was made before named features existed, from dense contexts only,
+    which no seed changes: it is accepted.
+
+    Raises:
+        CheckpointError: a bad blob, another network structure or another hash seed.
+    """
+    checkpoint = load_checkpoint(blob, expect=expect)
+    recorded = checkpoint.extra.get(HASH_SEED_KEY)
+    if recorded is not None and recorded != str(hash_seed):
+        raise CheckpointError(
+            f"checkpoint {checkpoint.version} hashed named features with seed {recorded}, "
+            f"this service with ROFU_FEATURE_HASH_SEED={hash_seed}: its features would "
+            "mean something else"
+        )
+    return checkpoint
 
 
 @dataclass(frozen=True)
@@ -44,9 +78,12 @@ class Snapshot:
         return torch.minimum(torch.maximum(contexts, low), high)
 
     @classmethod
-    def from_blob(cls, blob: bytes, expect: RewardNetConfig, device: torch.device) -> Snapshot:
-        """Verify and load a checkpoint blob; raises CheckpointError if it is bad."""
-        checkpoint: Checkpoint = load_checkpoint(blob, expect=expect)
+    def from_blob(
+        cls, blob: bytes, expect: RewardNetConfig, device: torch.device, *, hash_seed: int
+    ) -> Snapshot:
+        """Verify and load a checkpoint blob (`load_served`); raises CheckpointError if it
+        is bad, of another network structure or of another feature hash seed."""
+        checkpoint = load_served(blob, expect, hash_seed=hash_seed)
         try:
             created_at = float(checkpoint.extra.get("created_at", "nan"))
         except ValueError:

@@ -20,6 +20,11 @@ run. This keeps arms with slow feedback on an equal footing with fast ones. A de
 decision (`"defer": true`) is trained on only if it was activated within the same window
 (`service.activation`); otherwise it is consumed as expired, never trained on, whatever
 its reward.
+
+Every checkpoint records the feature hash seed its named features were hashed with;
+one of another seed is refused (`service.snapshot.load_served`), as one of another
+network is. An arm-feature network trains each row on the arm features it was decided
+with, a request's own included (`service.training_data`).
 """
 
 from __future__ import annotations
@@ -38,14 +43,12 @@ from models import (
     Checkpoint,
     DataBuffer,
     FitConfig,
-    RegulariserData,
     RewardNet,
-    Transitions,
     dump_checkpoint,
     fit,
-    load_checkpoint,
 )
 from models.training import make_optimizer
+from service import training_data
 from service.bus import CheckpointBus
 from service.catalogue import CatalogueCache
 from service.checkpoint_store import CheckpointStore
@@ -54,6 +57,7 @@ from service.db.engine import SessionFactory
 from service.db.trainer_lock import TrainerLock, trainer_lock
 from service.metrics import ServiceMetrics
 from service.settings import Settings
+from service.snapshot import HASH_SEED_KEY, load_served
 
 log = logging.getLogger("rofu.trainer")
 MAX_ROWS_PER_RUN = 50_000
@@ -161,7 +165,9 @@ class Trainer:
         latest = self._store.latest()  # the newest valid one; damaged ones are quarantined
         previous = None
         if latest is not None:
-            previous = load_checkpoint(latest[1], expect=self.settings.net_config())
+            previous = load_served(
+                latest[1], self.settings.net_config(), hash_seed=self.settings.feature_hash_seed
+            )
         used = [(row, self._target(row)) for row in rows]
         trained = [(row, target) for row, target in used if target is not None]
         parent = 0 if previous is None else previous.version
@@ -174,11 +180,12 @@ class Trainer:
             len(rows),
             run.parent,
         )
-        buffer = self._buffer(previous, run.version)
-        buffer.append(_transitions(trained, self.settings.context_dim))
+        features = self._arm_features()
+        buffer = training_data.continued_buffer(self.settings, previous, run.version, features)
+        buffer.append(training_data.transitions(trained, self.settings.context_dim, features))
         config = self.settings.fit_config(new_rows=len(trained))
         net, optimizer = self._continue(previous, config)
-        features, metrics = self._fit(net, optimizer, config, buffer, run.version)
+        metrics = self._fit(net, optimizer, config, buffer, run.version, features)
         report = self._publish(net, buffer, features, metrics, run)
         if optimizer is not None:
             self._kept = _Kept(run.version, net, optimizer, dataclasses.replace(config, steps=0))
@@ -190,20 +197,20 @@ class Trainer:
         target = row.reward if row.reward is not None else self.settings.default_reward
         if target is None or abs(target) > self.settings.max_abs_reward:
             return None
-        if any(abs(v) > self.settings.max_abs_feature for v in row.context):
+        own = row.arm_features
+        if own is not None and len(own) != self.settings.arm_feature_dim:
+            return None  # decided for an arm-feature network of another width
+        bound = self.settings.max_abs_feature
+        if any(abs(v) > bound for v in [*row.context, *(row.arm_features or ())]):
             return None
         return target
 
-    def _buffer(self, previous: Checkpoint | None, version: int) -> DataBuffer:
-        generator = torch.Generator().manual_seed(self.settings.seed * 1_000_003 + version)
-        size = self.settings.data_sample_size
-        if previous is None:
-            return DataBuffer(self.settings.context_dim, max_size=size, generator=generator)
-        data = previous.data
-        if len(data.sample) > size:  # the sample-size setting shrank: keep a uniform subset
-            keep = torch.randperm(len(data.sample), generator=generator)[:size]
-            data = RegulariserData(data.sample.subset(keep), data.n_total, data.arm_counts)
-        return DataBuffer.restore(data, max_size=size, generator=generator)
+    def _arm_features(self) -> torch.Tensor | None:
+        """The catalogue's (slots, F) arm features; None for a network with one output
+        per arm."""
+        if not self.settings.arm_feature_dim:
+            return None
+        return self._catalogue.refresh().feature_table(self.settings.arm_feature_dim)
 
     def _continue(
         self, previous: Checkpoint | None, config: FitConfig
@@ -234,10 +241,8 @@ class Trainer:
         config: FitConfig,
         buffer: DataBuffer,
         version: int,
-    ) -> tuple[torch.Tensor | None, dict[str, float]]:
-        features = None
-        if self.settings.arm_feature_dim:
-            features = self._catalogue.refresh().feature_table(self.settings.arm_feature_dim)
+        features: torch.Tensor | None,
+    ) -> dict[str, float]:
         generator = torch.Generator().manual_seed(self.settings.seed + 7919 * version)
         metrics = fit(
             net, buffer.view(), config, generator, arm_features=features, optimizer=optimizer
@@ -246,7 +251,7 @@ class Trainer:
             raise RuntimeError(  # never publish a model that would score NaN
                 f"training checkpoint {version} diverged (non-finite parameters); not published"
             )
-        return features, metrics
+        return metrics
 
     def _publish(
         self,
@@ -269,6 +274,7 @@ class Trainer:
                 "created_at": str(time.time()),
                 "parent_version": str(run.parent),
                 "config": json.dumps(self.settings.model_config_record(), sort_keys=True),
+                HASH_SEED_KEY: str(self.settings.feature_hash_seed),
             },
         )
         blob = dump_checkpoint(checkpoint)
@@ -351,14 +357,3 @@ class Trainer:
     def _skipped(self, reason: str) -> None:
         if self._metrics is not None:
             self._metrics.trainer_skipped.labels(reason).inc()
-
-
-def _transitions(
-    trained: list[tuple[repository.TrainingRow, float]], context_dim: int
-) -> Transitions:
-    x = torch.tensor([row.context for row, _ in trained], dtype=torch.float32)
-    return Transitions(
-        x.view(len(trained), context_dim),
-        torch.tensor([row.slot for row, _ in trained], dtype=torch.int64),
-        torch.tensor([target for _, target in trained], dtype=torch.float32),
-    )

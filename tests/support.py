@@ -362,3 +362,38 @@ def migration_0005_round_trip(url: str) -> None:
                     assert (bool(deferred), activated_at, bool(late)) == (False, None, False)
     finally:
         engine.dispose()
+
+
+def migration_0007_round_trip(url: str) -> None:
+    """Upgrade a database at 0004 with a decision to head, down to 0004 and up again: the
+    named-features columns come NULL, go and come back; the decision stays."""
+    from sqlalchemy import inspect, text
+
+    from service import migrate
+    from service.db.engine import make_engine
+
+    migrate.upgrade(url, "0004")
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "insert into decisions (event_id, created_at, context, candidates, arm_id,"
+                    " slot, propensity, model_version, explore, policy, scores, request_hash)"
+                    " values ('m-7', '2026-01-01 00:00:00+00:00', '[0.5]', '[\"arm-0\"]',"
+                    " 'arm-0', 0, 1.0, 0, true, 'cold-start', '[]', 'h')"
+                )
+            )
+        for step in ("head", "0004", "head"):
+            (migrate.upgrade if step == "head" else migrate.downgrade)(url, step)
+            engine.dispose()
+            names = {column["name"] for column in inspect(engine).get_columns("decisions")}
+            present = step == "head"
+            assert ("named_context" in names, "arm_features" in names) == (present, present)
+            with engine.connect() as connection:
+                columns = "context, named_context, arm_features" if present else "context"
+                row = connection.execute(text(f"select {columns} from decisions")).one()
+                assert "0.5" in str(row[0])
+                assert all(value is None for value in row[1:])
+    finally:
+        engine.dispose()

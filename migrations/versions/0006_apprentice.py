@@ -6,7 +6,7 @@ mode). On a decision of apprentice mode, which served the baseline with probabil
 candidate's probability under it (in `candidates` order). Existing rows keep NULL.
 
 Revision ID: 0006
-Revises: 0004
+Revises: 0005
 Create Date: 2026-11-26
 """
 

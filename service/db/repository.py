@@ -279,6 +279,7 @@ class TrainingRow:
     reward: float | None
     created_at: datetime
     active: bool = True
+    arm_features: list[float] | None = None  # the chosen arm's per-request features
 
 
 def closed_decisions(
@@ -298,7 +299,15 @@ def closed_decisions(
             .limit(limit)
         )
         return [
-            TrainingRow(d.event_id, list(d.context), d.slot, value, d.created_at, d.active)
+            TrainingRow(
+                d.event_id,
+                list(d.context),
+                d.slot,
+                value,
+                d.created_at,
+                d.active,
+                None if d.arm_features is None else d.arm_features.get(d.arm_id),
+            )
             for d, value in session.execute(query)
         ]
 

@@ -106,6 +106,14 @@ class DecisionRow(Base):
     deferred: Mapped[bool] = mapped_column(default=False, server_default=false())
     activated_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
     activation_late: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # `context` holds the vector the model read. A request that sent named features keeps
+    # them here as validated (0007): the audit trail and export show what the client
+    # sent, and a change of hash seed or dimension can re-hash them. Else None.
+    named_context: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    # Per-request arm features (0007): arm id -> the vector the model scored that
+    # candidate with (hashed when sent as named features), which the trainer trains the
+    # chosen arm on; None when the request sent none (the catalogue's were used).
+    arm_features: Mapped[dict[str, list[float]] | None] = mapped_column(JSON, default=None)
 
     @property
     def active(self) -> bool:

@@ -2,7 +2,8 @@
 
 Per event: `c` holds the context (namespace `x`, features `"0"`, `"1"`, ...) and, in
 `_multi`, one object per candidate in the logged order (namespace `arm` with the arm's id,
-and `z` with its features when the catalogue has them). `a` lists the candidates' 1-based
+and `z` with the features it was scored with: the request's own when it sent them, else
+the catalogue's). `a` lists the candidates' 1-based
 positions with the chosen one first, and `p` their probabilities in that order (left out
 when only the chosen arm's is known). A rewarded event carries VW's label:
 `_label_cost` = -reward (VW minimises cost), `_label_probability` = the propensity,
@@ -12,7 +13,8 @@ predicts on it. A deferred decision not activated in time carries `"_skipLearn":
 as Personalizer's logs do: VW's reader skips the event, so VW never learns from it (and
 rofu never trains on or evaluates it). VW ignores the `rofu` object, which keeps what VW
 has no field for: the policy, the per-arm scores, the late flag, the activation,
-apprentice mode's baseline and rofu's choice.
+apprentice mode's baseline and rofu's choice, the named context as sent (`c` holds
+its hashed vector, what the model read).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def dsjson_event(
         "a": [i + 1 for i in order],
         "c": {
             "x": {str(i): value for i, value in enumerate(record.context)},
-            "_multi": [_action(arm, arm_features) for arm in record.candidates],
+            "_multi": [_action(arm, _features(record, arm_features)) for arm in record.candidates],
         },
     }
     if record.probabilities is not None:
@@ -62,6 +64,13 @@ def dsjson_event(
         event["_original_label_cost"] = -record.reward
     event["rofu"] = _extension(record)
     return event
+
+
+def _features(
+    record: LoggedDecision, catalogue: Mapping[str, Sequence[float]] | None
+) -> Mapping[str, Sequence[float]]:
+    """The features each candidate was scored with: the request's own, else the catalogue's."""
+    return {**(catalogue or {}), **(record.arm_features or {})}
 
 
 def _action(arm: str, arm_features: Mapping[str, Sequence[float]] | None) -> dict[str, Any]:
@@ -91,6 +100,7 @@ def _extension(record: LoggedDecision) -> dict[str, Any]:
         "deferred": record.deferred,
         "activated_at": None if activated is None else activated.isoformat(),
         "activation_late": record.activation_late,
+        "named_context": record.named_context,
     }
 
 

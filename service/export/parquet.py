@@ -7,12 +7,15 @@ is known), model_version, policy, explore, scores (list of {arm, mean, bonus, uc
 reward, reward_received_at and late (null without a reward), baseline_arm, rofu_arm and
 rofu_probabilities (apprentice mode; see `service.apprentice`), deferred, activated_at,
 activation_late and active (false: a deferred decision not activated in time, which
-training and evaluation leave out).
+training and evaluation leave out), named_context (the named features the request sent,
+as JSON text; null for a dense context) and arm_features (arm id -> the features it was
+scored with, for the candidates the request gave its own).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
@@ -61,6 +64,8 @@ def _schema(pa: Any) -> Any:
             ("activated_at", when),
             ("activation_late", pa.bool_()),
             ("active", pa.bool_()),
+            ("named_context", pa.string()),
+            ("arm_features", pa.map_(pa.string(), pa.list_(pa.float64()))),
         ]
     )
 
@@ -70,6 +75,10 @@ def parquet_row(record: LoggedDecision) -> dict[str, Any]:
     row = dataclasses.asdict(record)
     row["arm"] = row.pop("arm_id")
     row["active"] = record.active
+    if record.named_context is not None:
+        row["named_context"] = json.dumps(record.named_context, sort_keys=True)
+    if record.arm_features is not None:
+        row["arm_features"] = list(record.arm_features.items())
     return row
 
 

@@ -34,6 +34,7 @@ async def model_info(snapshot: SnapshotDep, settings: SettingsDep) -> ModelRespo
         n_data=0 if snapshot is None else snapshot.data.n_total,
         network=dataclasses.asdict(settings.net_config()),
         rofu=dataclasses.asdict(settings.rofu_config()),
+        feature_hash_seed=settings.feature_hash_seed,
     )
 
 

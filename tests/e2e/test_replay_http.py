@@ -40,7 +40,9 @@ def _in_process(settings: Settings, contexts: np.ndarray, n_arms: int) -> list[i
     engine = make_engine(settings.database_url)
     _, blob = CheckpointStore(session_factory(engine)).latest()
     engine.dispose()
-    snapshot = Snapshot.from_blob(blob, settings.net_config(), torch.device("cpu"))
+    snapshot = Snapshot.from_blob(
+        blob, settings.net_config(), torch.device("cpu"), hash_seed=settings.feature_hash_seed
+    )
     generator = torch.Generator().manual_seed(settings.seed)
     config = settings.rofu_config()
     basis = None  # with ntk, the checkpoint's basis, as the service builds it

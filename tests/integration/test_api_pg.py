@@ -136,3 +136,30 @@ async def test_api_batch_settles_keys_stored_by_another_replica(pg_clean, monkey
     # the batch insert fails on the key; then row by row: the key's row loses, two commit
     assert tx.decision_writes() == ["rollback", "rollback", "commit", "commit"]
     assert _rows(pg_clean, "select count(*) from decisions") == [(3,)]
+
+
+@pytest.mark.anyio
+async def test_api_named_context_and_arm_features_land_in_their_columns(pg_clean):
+    from service.features import featurize
+    from service.settings import ArmSpec
+
+    arms = [ArmSpec(id=f"arm-{i}", features=[float(i), 1.0]) for i in range(3)]
+    settings = _settings(pg_clean).model_copy(update={"arm_feature_dim": 2, "arms": arms})
+    named = {"user": {"age": 31, "tags": ["a", "b"]}, "mobile": True}
+    body = {"context": named, "event_id": "pg-named", "arm_features": {"arm-2": {"p": 2}}}
+    async with app_client(settings) as (client, _):
+        chosen = await client.post("/v1/select", json=body)
+        assert chosen.status_code == 200, chosen.text
+        reordered = {"mobile": True, "user": {"tags": ["a", "b"], "age": 31.0}}
+        again = await client.post("/v1/select", json={**body, "context": reordered})
+        assert again.json() == chosen.json()
+    assert _rows(
+        pg_clean,
+        "select context, named_context, arm_features from decisions where event_id = 'pg-named'",
+    ) == [
+        (
+            featurize(named, 3, 0),
+            {"user": {"age": 31.0, "tags": ["a", "b"]}, "mobile": True},
+            {"arm-2": featurize({"p": 2}, 2, 0)},
+        )
+    ]

@@ -8,7 +8,11 @@ from sqlalchemy import inspect
 from service import migrate
 from service.db.engine import make_engine
 from tests.integration.conftest import TABLES
-from tests.support import migration_0004_round_trip, migration_0005_round_trip
+from tests.support import (
+    migration_0004_round_trip,
+    migration_0005_round_trip,
+    migration_0007_round_trip,
+)
 
 
 def _tables(url: str) -> set[str]:
@@ -49,6 +53,13 @@ def test_migrations_0004_adds_and_drops_probabilities_and_late_on_postgres(pg_ur
 
 def test_migrations_0005_adds_and_drops_the_activation_columns_on_postgres(pg_url):
     migration_0005_round_trip(pg_url)
+    assert migrate.current_revision_of(pg_url) == migrate.head_revision()
+    with psycopg.connect(pg_url, autocommit=True) as connection:
+        connection.execute(f"truncate {', '.join(TABLES)} restart identity cascade")
+
+
+def test_migrations_0007_adds_and_drops_the_named_feature_columns_on_postgres(pg_url):
+    migration_0007_round_trip(pg_url)
     assert migrate.current_revision_of(pg_url) == migrate.head_revision()
     with psycopg.connect(pg_url, autocommit=True) as connection:
         connection.execute(f"truncate {', '.join(TABLES)} restart identity cascade")

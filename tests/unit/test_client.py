@@ -104,6 +104,18 @@ async def test_async_client_retries_the_same_way(monkeypatch):
     assert slept == [1.0]
 
 
+def test_select_sends_named_features_and_arm_features_as_given(waits):
+    script = Script((200, {}))
+    with RofuClient("http://rofu", transport=httpx.MockTransport(script)) as rofu:
+        rofu.select(
+            {"user": {"age": 31, "tags": ["a"]}},
+            arm_features={"arm-1": {"item": {"price": 9.5}}, "arm-2": (1.0, 2.0)},
+        )
+    body = json.loads(script.requests[0].content)
+    assert body["context"] == {"user": {"age": 31, "tags": ["a"]}}
+    assert body["arm_features"] == {"arm-1": {"item": {"price": 9.5}}, "arm-2": [1.0, 2.0]}
+
+
 @pytest.mark.anyio
 async def test_client_round_trip_against_the_app(sqlite_settings):
     for version in range(1, 4):
@@ -118,6 +130,11 @@ async def test_client_round_trip_against_the_app(sqlite_settings):
                 [0.1, 0.2, 0.3, 0.4], event_id=decision.event_id, arms=["arm-1", "arm-2"]
             )
             assert again == decision
+            named = await rofu.select({"user": {"age": 31, "country": "fr"}}, event_id="named")
+            assert named.model_version == 3
+            assert await rofu.select({"user": {"country": "fr", "age": 31}}, event_id="named") == (
+                named
+            )
             assert not (await rofu.reward(decision.event_id, 1.0)).duplicate
             assert (await rofu.reward(decision.event_id, 1.0)).duplicate
             assert [arm.id for arm in await rofu.arms()][:2] == ["arm-0", "arm-1"]
@@ -129,9 +146,10 @@ async def test_client_round_trip_against_the_app(sqlite_settings):
             assert (await rofu.activate(deferred.event_id)).status == "activated"
             assert (await rofu.activate(deferred.event_id)).status == "already_active"
             logged = [record async for record in rofu.export(page_size=1)]
-            assert [r.event_id for r in logged] == [decision.event_id, deferred.event_id]
-            assert [r.deferred for r in logged] == [False, True]
-            assert [r.reward for r in logged] == [1.0, None]
+            assert [r.event_id for r in logged] == [decision.event_id, "named", deferred.event_id]
+            assert [r.deferred for r in logged] == [False, False, True]
+            assert [r.reward for r in logged] == [1.0, None, None]
+            assert logged[1].named_context == {"user": {"age": 31.0, "country": "fr"}}
             with pytest.raises(RofuError) as refused:
                 await rofu.select([0.1])
             assert (refused.value.status, refused.value.field) == (422, "context")

@@ -86,7 +86,7 @@ def world(tmp_path: Path) -> Iterator[World]:
 
 def pending(context: list[float], event_id: str | None = None, **body: Any) -> Pending:
     request = SelectRequest(context=context, event_id=event_id, **body)
-    return Pending(request, request_hash(request))
+    return Pending(request, request_hash(request), tuple(context))
 
 
 def decided(result: Result) -> Decided:

@@ -83,9 +83,18 @@ def _save(store: CheckpointStore, version: int, blob: bytes) -> None:
     store.save(version, blob, metrics={}, rows_trained=6, n_total=6, consumed=[])
 
 
-def _follower(sessions, store, bus: FakeRedis | None = None) -> CheckpointFollower:
+def _follower(
+    sessions, store, bus: FakeRedis | None = None, *, hash_seed: int = 0
+) -> CheckpointFollower:
     return CheckpointFollower(
-        sessions, store, SnapshotHolder(), ServiceMetrics(), EXPECT, torch.device("cpu"), bus
+        sessions,
+        store,
+        SnapshotHolder(),
+        ServiceMetrics(),
+        EXPECT,
+        torch.device("cpu"),
+        bus,
+        hash_seed=hash_seed,
     )
 
 
@@ -209,7 +218,7 @@ def test_follower_quarantines_a_damaged_newest_and_never_reads_it_again(sessions
     _save(store, 1, _blob(1))
     _save(store, 2, _damaged(_blob(2)))  # the row's checksum is the header's: it matches
     follower = CheckpointFollower(
-        sessions, store, SnapshotHolder(), metrics, EXPECT, torch.device("cpu")
+        sessions, store, SnapshotHolder(), metrics, EXPECT, torch.device("cpu"), hash_seed=0
     )
     follower.load_initial()
     assert (follower.serving, follower.state) == (1, ModelState.LOADED)

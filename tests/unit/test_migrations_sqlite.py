@@ -1,5 +1,6 @@
 """The newest revisions up and down on SQLite: 0004 (decision probabilities, late rewards),
-0005 (deferred activation) and 0006 (apprentice mode's columns)."""
+0005 (deferred activation), 0006 (apprentice mode's columns) and 0007 (named and
+per-request arm features)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ from sqlalchemy import inspect, text
 
 from service import migrate
 from service.db.engine import make_engine
-from tests.support import migration_0004_round_trip, migration_0005_round_trip
+from tests.support import (
+    migration_0004_round_trip,
+    migration_0005_round_trip,
+    migration_0007_round_trip,
+)
 
 APPRENTICE_COLUMNS = {"baseline_arm", "rofu_arm", "rofu_probabilities"}
 
@@ -47,10 +52,16 @@ def test_migrations_0006_adds_and_drops_the_apprentice_columns_on_sqlite(tmp_pat
                     assert tuple(connection.execute(text(query)).one()) == (None, None, None)
     finally:
         engine.dispose()
-    assert migrate.current_revision_of(url) == migrate.head_revision()
+    assert migrate.current_revision_of(url) == "0006"
 
 
 def test_migrations_0005_adds_and_drops_the_activation_columns_on_sqlite(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/migrate.sqlite"
     migration_0005_round_trip(url)
     assert migrate.current_revision_of(url) == migrate.head_revision()
+
+
+def test_migrations_0007_upgrades_and_downgrades_on_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/migrate.sqlite"
+    migration_0007_round_trip(url)
+    assert migrate.current_revision_of(url) == migrate.head_revision() == "0007"

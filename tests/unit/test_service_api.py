@@ -574,6 +574,7 @@ async def test_service_openapi_lists_the_api(service: Service) -> None:
         "explore",
         "baseline_arm",
         "defer",
+        "arm_features",
     }
     assert request["required"] == ["context"]
 
