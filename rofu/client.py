@@ -89,6 +89,7 @@ def _select(
     explore: bool,
     defer: bool = False,
     arm_features: Mapping[str, Context] | None = None,
+    baseline_arm: str | None = None,
 ) -> Call:
     body: dict[str, Any] = {
         "context": dict(context) if isinstance(context, Mapping) else list(context),
@@ -104,6 +105,8 @@ def _select(
         body["arm_features"] = {
             arm: dict(z) if isinstance(z, Mapping) else list(z) for arm, z in arm_features.items()
         }
+    if baseline_arm is not None:
+        body["baseline_arm"] = baseline_arm
     return Call("POST", "/v1/select", body)
 
 
@@ -238,13 +241,15 @@ class RofuClient:
         explore: bool = True,
         defer: bool = False,
         arm_features: Mapping[str, Context] | None = None,
+        baseline_arm: str | None = None,
     ) -> SelectResponse:
         """POST /v1/select: a decision (the same one again for a repeated `event_id`).
 
         `context` is a vector of context_dim numbers or an object of named features;
         `arm_features` gives candidates per-request features (arm-feature models); with
-        `defer`, the decision is trained on only once `activate` activates it."""
-        call = _select(context, event_id, arms, exclude, explore, defer, arm_features)
+        `defer`, the decision is trained on only once `activate` activates it;
+        `baseline_arm` is the app's own choice (served in apprentice mode)."""
+        call = _select(context, event_id, arms, exclude, explore, defer, arm_features, baseline_arm)
         return _parse(SELECTED, self.send(call))
 
     def reward(self, event_id: str, value: float) -> RewardResponse:
@@ -357,9 +362,10 @@ class AsyncRofuClient:
         explore: bool = True,
         defer: bool = False,
         arm_features: Mapping[str, Context] | None = None,
+        baseline_arm: str | None = None,
     ) -> SelectResponse:
         """POST /v1/select (see `RofuClient.select`)."""
-        call = _select(context, event_id, arms, exclude, explore, defer, arm_features)
+        call = _select(context, event_id, arms, exclude, explore, defer, arm_features, baseline_arm)
         return _parse(SELECTED, await self.send(call))
 
     async def reward(self, event_id: str, value: float) -> RewardResponse:

@@ -130,6 +130,8 @@ async def test_client_round_trip_against_the_app(sqlite_settings):
                 [0.1, 0.2, 0.3, 0.4], event_id=decision.event_id, arms=["arm-1", "arm-2"]
             )
             assert again == decision
+            recorded = await rofu.select([0.1, 0.2, 0.3, 0.4], baseline_arm="arm-3")
+            assert recorded.baseline_arm == "arm-3"  # online mode: recorded, not served
             named = await rofu.select({"user": {"age": 31, "country": "fr"}}, event_id="named")
             assert named.model_version == 3
             assert await rofu.select({"user": {"country": "fr", "age": 31}}, event_id="named") == (
@@ -146,10 +148,16 @@ async def test_client_round_trip_against_the_app(sqlite_settings):
             assert (await rofu.activate(deferred.event_id)).status == "activated"
             assert (await rofu.activate(deferred.event_id)).status == "already_active"
             logged = [record async for record in rofu.export(page_size=1)]
-            assert [r.event_id for r in logged] == [decision.event_id, "named", deferred.event_id]
-            assert [r.deferred for r in logged] == [False, False, True]
-            assert [r.reward for r in logged] == [1.0, None, None]
-            assert logged[1].named_context == {"user": {"age": 31.0, "country": "fr"}}
+            assert [r.event_id for r in logged] == [
+                decision.event_id,
+                recorded.event_id,
+                "named",
+                deferred.event_id,
+            ]
+            assert [r.deferred for r in logged] == [False, False, False, True]
+            assert [r.reward for r in logged] == [1.0, None, None, None]
+            assert logged[1].baseline_arm == "arm-3"
+            assert logged[2].named_context == {"user": {"age": 31.0, "country": "fr"}}
             with pytest.raises(RofuError) as refused:
                 await rofu.select([0.1])
             assert (refused.value.status, refused.value.field) == (422, "context")
