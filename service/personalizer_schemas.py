@@ -54,7 +54,9 @@ def checked_event_id(value: str) -> str:
         PydanticCustomError: naming the rule (`EVENT_ID_RULE`).
     """
     if not re.fullmatch(EVENT_ID_PATTERN, value):
-        raise PydanticCustomError("event_id", "{value} " + EVENT_ID_RULE, {"value": value[:140]})
+        raise PydanticCustomError(
+            "event_id", "{value} " + EVENT_ID_RULE, {"value": repr(value[:140])}
+        )
     return value
 
 
@@ -84,6 +86,23 @@ class RankableAction(_Camel):
 
 class RankRequest(_Camel):
     """Personalizer's Rank request."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "contextFeatures": [{"timeOfDay": "Morning"}, {"device": {"mobile": True}}],
+                    "actions": [
+                        {"id": "arm-0", "features": [{"type": "News"}]},
+                        {"id": "arm-1", "features": [{"type": "Sports"}]},
+                        {"id": "arm-2", "features": [{"type": "Entertainment"}]},
+                    ],
+                    "excludedActions": ["arm-1"],
+                    "deferActivation": False,
+                }
+            ]
+        }
+    )
 
     context_features: FeatureObjects | None = Field(
         default=None,

@@ -71,7 +71,7 @@ DEEP = [{"user": {"address": {"city": "Paris"}}}]
         (_edited(deferActivation="true"), "deferActivation", "valid boolean"),
         (_edited(contextFeatures={"timeOfDay": "Morning"}), "contextFeatures", "valid list"),
         (_edited(contextFeatures=["Morning"]), "contextFeatures.0", "valid dictionary"),
-        (_edited(eventId="not an id"), "eventId", "not a rofu event id"),
+        (_edited(eventId="not an id"), "eventId", "'not an id' is not a rofu event id"),
         (_edited(eventId="x" * 129), "eventId", "1-128 characters"),
         (_edited(actions=[*RANK["actions"], GHOST]), "actions.3.id", "POST /v1/arms"),
         (
