@@ -56,7 +56,6 @@ MULTI_SLOT_MERGED = {
     "device": {"mobile": True, "windows": True},
     "recentActivity": {"itemsInCart": 3.0},
 }
-ERROR_CODES = ("BadRequest", "ResourceNotFound", "InternalServerError")
 
 
 def with_arms(settings: Settings) -> Settings:
