@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.resources
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -21,6 +21,7 @@ from service.db.faults import DatabaseFaults, as_unavailable, is_outage
 from service.deps import ClientAuth
 from service.errors import ServiceError, Unavailable, error_response
 from service.middleware import BodyLimitMiddleware, MetricsMiddleware
+from service.personalizer_schemas import is_facade, reshape
 from service.routes import (
     admin,
     arms,
@@ -29,6 +30,7 @@ from service.routes import (
     health,
     metrics,
     model,
+    personalizer,
     reward,
     select,
 )
@@ -70,6 +72,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         model.router,
         decisions.router,
         admin.router,
+        personalizer.router,  # the Personalizer-compatible facade, /personalizer/v1.0/...
         health.router,
         metrics.router,
     ):
@@ -160,33 +163,51 @@ def _invalid_request(request: Request, exc: RequestValidationError) -> JSONRespo
 
 
 def _install_error_handlers(app: FastAPI, faults: DatabaseFaults) -> None:
-    @app.exception_handler(ServiceError)
-    async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
+    """One handler per kind of error; the facade's paths get Personalizer's error shape."""
+
+    def service_error(request: Request, exc: ServiceError) -> JSONResponse:
         if isinstance(exc, Unavailable):  # a database outage is counted and logged
             faults.record_exception(exc, f"{request.method} {request.url.path}")
         return exc.response()
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _invalid_request(request, exc)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         headers = dict(exc.headers or {})
         if exc.status_code == 405:
             headers["Allow"] = _allowed_methods(request) or headers.get("Allow", "")
         return error_response(exc.status_code, code, str(exc.detail), headers=headers or None)
 
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+    def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return error_response(500, "internal_error", "internal error")
 
-    @app.exception_handler(SQLAlchemyError)
-    async def database_error(request: Request, exc: SQLAlchemyError) -> JSONResponse:
+    def database_error(request: Request, exc: SQLAlchemyError) -> JSONResponse:
         if not is_outage(exc):  # a bug (integrity, programming): a 500
-            return await unexpected(request, exc)
+            return unexpected(request, exc)
         unavailable = as_unavailable(exc)
         unavailable.__cause__ = exc
-        return await service_error(request, unavailable)
+        return service_error(request, unavailable)
+
+    handlers: dict[type[Exception], Callable[[Request, Any], JSONResponse]] = {
+        ServiceError: service_error,
+        RequestValidationError: _invalid_request,
+        HTTPException: http_error,
+        Exception: unexpected,
+        SQLAlchemyError: database_error,
+    }
+    for kind, handler in handlers.items():
+        app.add_exception_handler(kind, _shaped(handler))
+
+
+def _shaped(
+    handler: Callable[[Request, Any], JSONResponse],
+) -> Callable[[Request, Any], Awaitable[JSONResponse]]:
+    """`handler` as an exception handler whose answers on the Personalizer-compatible
+    facade's paths take Personalizer's error shape."""
+
+    async def handle(request: Request, exc: Any) -> JSONResponse:
+        response = handler(request, exc)
+        path = request.url.path
+        return reshape(response, path) if is_facade(path) else response
+
+    return handle

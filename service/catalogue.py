@@ -53,25 +53,34 @@ class Catalogue:
         """The arms a request may get: `arms` (default all active) minus `exclude`.
 
         Raises:
-            InvalidInput: an unknown, retired or repeated arm, or no arm left.
+            InvalidInput: an unknown, retired or repeated arm (the field names its index,
+                `arms.2`), or no arm left.
         """
         by_id = self.by_id
         for field, ids in (("arms", arms or ()), ("exclude", exclude or ())):
-            if len(set(ids)) != len(ids):
-                raise InvalidInput(f"{field}: arm ids must be unique", field=field)
-            unknown = [arm_id for arm_id in ids if arm_id not in by_id]
-            if unknown:
-                raise InvalidInput(f"{field}: unknown arm {unknown[0]!r}", field=field)
+            seen: set[str] = set()
+            for index, arm_id in enumerate(ids):
+                where = f"{field}.{index}"
+                if arm_id not in by_id:
+                    raise InvalidInput(f"{where}: unknown arm {arm_id!r}", field=where)
+                if arm_id in seen:
+                    raise InvalidInput(
+                        f"{where}: arm {arm_id!r} is repeated (arm ids must be unique)",
+                        field=where,
+                    )
+                seen.add(arm_id)
         if arms is not None and not arms:
             raise InvalidInput("arms: name at least one arm (or omit arms)", field="arms")
         if arms is None:
             chosen = self.active
         else:
-            retired = [arm_id for arm_id in arms if not by_id[arm_id].active]
-            if retired:
-                raise InvalidInput(f"arms: arm {retired[0]!r} is retired", field="arms")
+            retired = next((i for i, arm_id in enumerate(arms) if not by_id[arm_id].active), None)
+            if retired is not None:
+                field = f"arms.{retired}"
+                raise InvalidInput(f"{field}: arm {arms[retired]!r} is retired", field=field)
             chosen = [by_id[arm_id] for arm_id in arms]
-        left = [arm for arm in chosen if arm.id not in set(exclude or ())]
+        excluded = set(exclude or ())
+        left = [arm for arm in chosen if arm.id not in excluded]
         if not left:
             raise InvalidInput("no candidate arm is left after exclude", field="exclude")
         return left

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import Depends, Request, Security
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from service.batcher import MicroBatcher
 from service.catalogue import CatalogueCache
@@ -23,7 +23,7 @@ from service.follower import CheckpointFollower
 from service.metrics import ServiceMetrics
 from service.redis_bus import RedisBus
 from service.runtime import Runtime
-from service.security import KeyRing, authorise
+from service.security import KEY_HEADERS, KeyRing, authorise
 from service.settings import Settings
 from service.snapshot import Snapshot
 
@@ -105,6 +105,18 @@ BEARER = HTTPBearer(
 Bearer = Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
 
 
+#: Personalizer's key header, declared for the Personalizer-compatible facade's routes.
+SUBSCRIPTION_KEY_HEADER = "Ocp-Apim-Subscription-Key"
+SUBSCRIPTION_KEY = APIKeyHeader(
+    name=SUBSCRIPTION_KEY_HEADER,
+    auto_error=False,
+    scheme_name="subscriptionKey",
+    description="A client or admin API key in Personalizer's header (the Personalizer-"
+    "compatible routes only): `Ocp-Apim-Subscription-Key: <key>`",
+)
+SubscriptionKey = Annotated[str | None, Security(SUBSCRIPTION_KEY)]
+
+
 async def require_client(request: Request, keys: KeysDep, _: Bearer) -> None:
     """A client (or admin) API key, unless the service runs without keys."""
     authorise(keys, request, admin=False)
@@ -115,5 +127,13 @@ async def require_admin(request: Request, keys: KeysDep, _: Bearer) -> None:
     authorise(keys, request, admin=True)
 
 
+async def require_subscriber(
+    request: Request, keys: KeysDep, _: Bearer, __: SubscriptionKey
+) -> None:
+    """A client (or admin) API key as a bearer token or in Personalizer's header."""
+    authorise(keys, request, admin=False, headers=(SUBSCRIPTION_KEY_HEADER, *KEY_HEADERS))
+
+
 ClientAuth = Depends(require_client)
 AdminAuth = Depends(require_admin)
+SubscriberAuth = Depends(require_subscriber)

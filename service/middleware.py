@@ -8,6 +8,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import PayloadTooLarge
 from service.metrics import ServiceMetrics
+from service.personalizer_schemas import is_facade, reshape
 
 
 class BodyLimitMiddleware:
@@ -49,8 +50,10 @@ class BodyLimitMiddleware:
         await self.app(scope, replay, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        error = PayloadTooLarge(f"request body exceeds {self.max_bytes} bytes")
-        await error.response()(scope, receive, send)
+        response = PayloadTooLarge(f"request body exceeds {self.max_bytes} bytes").response()
+        if is_facade(scope["path"]):  # the Personalizer-compatible facade's error shape
+            response = reshape(response)
+        await response(scope, receive, send)
 
 
 class MetricsMiddleware:

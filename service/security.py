@@ -3,9 +3,11 @@
 Client keys may call /select, /reward and the read-only endpoints; admin keys may call
 everything, including catalogue changes and /admin. /healthz, /readyz and /metrics stay
 open for probes and scrapers. Keys arrive as `Authorization: Bearer <key>` (or
-`X-API-Key: <key>`), are kept only as SHA-256 digests and compared in constant time, and
-are never logged. With no keys configured (the embedded default) every endpoint is open
-and the service says so at start; production mode refuses to start without keys.
+`X-API-Key: <key>`; the Personalizer-compatible facade also reads Personalizer's
+`Ocp-Apim-Subscription-Key: <key>`), are kept only as SHA-256 digests and compared in
+constant time, and are never logged. With no keys configured (the embedded default) every
+endpoint is open and the service says so at start; production mode refuses to start
+without keys.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +26,8 @@ from service.settings import Settings
 
 log = logging.getLogger("rofu.security")
 MIN_PRODUCTION_KEY_LENGTH = 16
+#: Headers a key may come in besides `Authorization: Bearer`, in the order they are read.
+KEY_HEADERS = ("X-API-Key",)
 
 
 def _digest(key: str) -> bytes:
@@ -86,22 +91,26 @@ class KeyRing:
         return "admin" if is_admin else "client" if is_client else None
 
 
-def presented_key(request: Request) -> str | None:
-    """The key a request carries, if any."""
+def presented_key(request: Request, headers: Sequence[str] = KEY_HEADERS) -> str | None:
+    """The key a request carries, if any: its bearer token, else the first of `headers`."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
-    return request.headers.get("x-api-key") or None
+    return next((request.headers[name] for name in headers if request.headers.get(name)), None)
 
 
-def authorise(keys: KeyRing, request: Request, *, admin: bool) -> None:
-    """Raise Unauthorized (401) or Forbidden (403) unless the request may go on."""
+def authorise(
+    keys: KeyRing, request: Request, *, admin: bool, headers: Sequence[str] = KEY_HEADERS
+) -> None:
+    """Raise Unauthorized (401) or Forbidden (403) unless the request may go on; the key
+    is read from `Authorization: Bearer`, else from the first of `headers` present."""
     if keys.open:
         return
-    key = presented_key(request)
+    key = presented_key(request, headers)
     if key is None:
-        raise Unauthorized("an API key is required: send `Authorization: Bearer <key>`")
+        others = "".join(f" or `{name}: <key>`" for name in headers if name != "X-API-Key")
+        raise Unauthorized(f"an API key is required: send `Authorization: Bearer <key>`{others}")
     role = keys.role(key)
     if role is None:
         raise Unauthorized("the API key is not valid")

@@ -66,9 +66,11 @@ ADMIN_KEY = "fuzz-admin-key-0123456789"
 KNOWN_EVENT = "order-1234"  # the schema's example event_id, so /reward examples find it
 ADMIN_PATHS = ("/v1/arms", "/v1/admin/", "/v1/decisions")
 OPEN_PATHS = ("/healthz", "/readyz", "/metrics")
+RANK = "POST /personalizer/v1.0/rank"
+REWARD = "POST /personalizer/v1.0/events/{eventId}/reward"
 WRITES = frozenset(
     {"POST /v1/select", "POST /v1/reward", "POST /v1/arms", "DELETE /v1/arms/{arm_id}"}
-    | {"PUT /v1/admin/pin", "DELETE /v1/admin/pin"}
+    | {"PUT /v1/admin/pin", "DELETE /v1/admin/pin", RANK, REWARD}
 )
 
 
@@ -160,11 +162,19 @@ class State:
         return result
 
 
-def explained(operation: str, status: int, response: Any, before: State) -> dict[str, Any]:
+def explained(
+    operation: str, status: int, response: Any, before: State, case: Any
+) -> dict[str, Any]:
     """The change a response accounts for (nothing unless it is a 2xx)."""
     if not 200 <= status < 300 or operation not in WRITES:
         return {}
+    if operation == REWARD:  # 204, no body: the request says what was stored
+        event_id, value = case.path_parameters["eventId"], case.body["value"]
+        return {} if before.rewards.get(event_id) == value else {"rewards set": {event_id: value}}
     body = response.json()
+    if operation == RANK:
+        new = body["eventId"] not in before.decisions
+        return {"decisions added": [body["eventId"]]} if new else {}
     if operation == "POST /v1/select":
         new = body["event_id"] not in before.decisions
         return {"decisions added": [body["event_id"]]} if new else {}
@@ -273,7 +283,7 @@ def fuzz(server: Server, identity: str, key: str | None, examples: int) -> Run:
         run.statuses[operation][status] += 1
         after = State.read(server.database)
         try:
-            expected = explained(operation, status, response, before)
+            expected = explained(operation, status, response, before, case)
         except Exception as exc:  # a 2xx body the ledger cannot read is a finding too
             expected = {"unreadable 2xx body": repr(exc)}
         actual = after.changes_since(before)
@@ -424,6 +434,7 @@ def test_fuzz_with_the_client_key(server: Server) -> None:
         if operation.split(" ", 1)[1].startswith(ADMIN_PATHS) and operation != "GET /v1/arms":
             assert not any(200 <= s < 300 for s in counts), (operation, counts)
     assert run.statuses["POST /v1/select"][200] > 0
+    assert run.statuses[RANK][201] > 0  # the facade's example ranks the demo's arms
 
 
 def test_fuzz_with_the_admin_key(server: Server) -> None:

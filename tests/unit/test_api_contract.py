@@ -1,5 +1,6 @@
-"""The API's contract: every API path under /v1, a declared bearer scheme, and the
-interactive docs served entirely by the app (no CDN)."""
+"""The API's contract: every API path under /v1 (or the Personalizer-compatible facade's
+/personalizer/v1.0), declared key schemes, and the interactive docs served entirely by
+the app (no CDN)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ API_PATHS = {
     "/v1/admin/pin",
     "/v1/decisions",
 }
+PERSONALIZER_PATHS = {
+    "/personalizer/v1.0/rank",
+    "/personalizer/v1.0/events/{eventId}/reward",
+    "/personalizer/v1.0/events/{eventId}/activate",
+}
 
 
 @pytest.mark.anyio
@@ -27,7 +33,11 @@ async def test_every_api_path_is_versioned_and_declares_the_bearer_scheme(sqlite
     async with app_client(sqlite_settings) as (client, _):
         schema = (await client.get("/openapi.json")).json()
         unversioned = await client.post("/select", json={"context": [0.1, 0.2, 0.3, 0.4]})
-    assert set(schema["paths"]) == API_PATHS | {"/healthz", "/readyz", "/metrics"}
+    assert set(schema["paths"]) == API_PATHS | PERSONALIZER_PATHS | {
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    }
     assert schema["components"]["securitySchemes"]["apiKey"] == {
         "type": "http",
         "scheme": "bearer",
@@ -39,6 +49,45 @@ async def test_every_api_path_is_versioned_and_declares_the_bearer_scheme(sqlite
     for path in ("/healthz", "/readyz", "/metrics"):
         assert "security" not in schema["paths"][path]["get"]
     assert unversioned.status_code == 404
+
+
+@pytest.mark.anyio
+async def test_personalizer_paths_declare_personalizers_key_header_and_error_shape(
+    sqlite_settings,
+):
+    async with app_client(sqlite_settings) as (client, _):
+        schema = (await client.get("/openapi.json")).json()
+    assert schema["components"]["securitySchemes"]["subscriptionKey"] == {
+        "type": "apiKey",
+        "in": "header",
+        "name": "Ocp-Apim-Subscription-Key",
+        "description": "A client or admin API key in Personalizer's header (the "
+        "Personalizer-compatible routes only): `Ocp-Apim-Subscription-Key: <key>`",
+    }
+    for path in PERSONALIZER_PATHS:
+        (operation,) = schema["paths"][path].values()  # POST only
+        assert operation["security"] == [{"apiKey": []}, {"subscriptionKey": []}], path
+        success = "201" if path.endswith("/rank") else "204"
+        assert set(operation["responses"]) == {success, "default"}, path
+        error = operation["responses"]["default"]["content"]["application/json"]["schema"]
+        assert error == {"$ref": "#/components/schemas/PersonalizerErrorResponse"}
+    error = schema["components"]["schemas"]["PersonalizerError"]
+    assert error["properties"]["code"]["enum"] == [
+        "BadRequest",
+        "ResourceNotFound",
+        "InternalServerError",
+    ]
+    rank = schema["components"]["schemas"]["RankRequest"]
+    assert set(rank["properties"]) == {
+        "contextFeatures",
+        "actions",
+        "excludedActions",
+        "eventId",
+        "deferActivation",
+    }
+    assert (rank["required"], rank["additionalProperties"]) == (["actions"], False)
+    response = schema["components"]["schemas"]["RankResponse"]
+    assert set(response["properties"]) == {"ranking", "eventId", "rewardActionId"}
 
 
 @pytest.mark.anyio

@@ -166,7 +166,7 @@ def test_decision_batch_refuses_per_request(world: World) -> None:
     ]
     ghost, overflow, none_left, ok = world.handle(batch)
     assert isinstance(ghost, InvalidInput)
-    assert ghost.field == "arms"
+    assert ghost.field == "arms.0"
     assert isinstance(overflow, InvalidInput)
     assert overflow.field == "context"
     assert isinstance(none_left, InvalidInput)

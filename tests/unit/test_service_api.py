@@ -444,7 +444,8 @@ async def test_service_retired_arm_is_never_selected(service: Service) -> None:
     assert all(d["propensity"] == pytest.approx(1 / 3) for d in decisions)
     for arms in (["arm-2"], ["arm-1", "arm-2"]):
         refused = await client.post("/v1/select", json={"context": CONTEXT, "arms": arms})
-        assert "retired" in _error(refused, 422, "arms")["message"]
+        field = f"arms.{arms.index('arm-2')}"  # the retired arm's index
+        assert "retired" in _error(refused, 422, field)["message"]
     assert (await client.delete("/v1/arms/arm-2")).status_code == 200  # retiring again: no-op
     assert _count(app, "decisions") == 40
 
@@ -465,8 +466,12 @@ async def test_service_unknown_arm_is_refused(service: Service) -> None:
     gone = await client.delete("/v1/arms/ghost")
     assert "ghost" in _error(gone, 404, "id", named=False)["message"]
     for key in ("arms", "exclude"):
-        response = await client.post("/v1/select", json={"context": CONTEXT, key: ["ghost"]})
-        assert "ghost" in _error(response, 422, key)["message"]
+        body = {"context": CONTEXT, key: ["arm-0", "ghost"]}
+        response = await client.post("/v1/select", json=body)
+        assert "ghost" in _error(response, 422, f"{key}.1")["message"]
+        repeated = {"context": CONTEXT, key: ["arm-1", "arm-0", "arm-1"]}
+        response = await client.post("/v1/select", json=repeated)
+        assert "repeated" in _error(response, 422, f"{key}.2")["message"]
     assert _count(app, "decisions") == 0
 
 
