@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -276,6 +277,22 @@ def private_redis(
         stop()
 
 
+def insert_bare_decision(connection: Any, event_id: str, context: str = "[0.0]") -> None:
+    """Insert a cold-start decision with only the columns every revision since 0001 has
+    (the migration round trips' fixture row)."""
+    from sqlalchemy import text
+
+    connection.execute(
+        text(
+            "insert into decisions (event_id, created_at, context, candidates, arm_id,"
+            " slot, propensity, model_version, explore, policy, scores, request_hash)"
+            " values (:event_id, '2026-01-01 00:00:00+00:00', :context, '[\"arm-0\"]',"
+            " 'arm-0', 0, 1.0, 0, true, 'cold-start', '[]', 'h')"
+        ),
+        {"event_id": event_id, "context": context},
+    )
+
+
 def migration_0004_round_trip(url: str) -> None:
     """Upgrade a database at 0003 with a decision and a reward to head, then down to 0003
     and up again: the new columns come with their defaults, go, and come back; rows stay."""
@@ -288,14 +305,7 @@ def migration_0004_round_trip(url: str) -> None:
     engine = make_engine(url)
     try:
         with engine.begin() as connection:
-            connection.execute(
-                text(
-                    "insert into decisions (event_id, created_at, context, candidates, arm_id,"
-                    " slot, propensity, model_version, explore, policy, scores, request_hash)"
-                    " values ('m-1', '2026-01-01 00:00:00+00:00', '[0.0]', '[\"arm-0\"]',"
-                    " 'arm-0', 0, 1.0, 0, true, 'cold-start', '[]', 'h')"
-                )
-            )
+            insert_bare_decision(connection, "m-1")
             connection.execute(
                 text(
                     "insert into rewards (event_id, value, received_at, repeats)"
@@ -340,14 +350,7 @@ def migration_0005_round_trip(url: str) -> None:
     engine = make_engine(url)
     try:
         with engine.begin() as connection:
-            connection.execute(
-                text(
-                    "insert into decisions (event_id, created_at, context, candidates, arm_id,"
-                    " slot, propensity, model_version, explore, policy, scores, request_hash)"
-                    " values ('m-5', '2026-01-01 00:00:00+00:00', '[0.0]', '[\"arm-0\"]',"
-                    " 'arm-0', 0, 1.0, 0, true, 'cold-start', '[]', 'h')"
-                )
-            )
+            insert_bare_decision(connection, "m-5")
         added = {"deferred", "activated_at", "activation_late"}
         for step in ("head", "0004", "head"):
             (migrate.upgrade if step == "head" else migrate.downgrade)(url, step)
@@ -376,14 +379,7 @@ def migration_0007_round_trip(url: str) -> None:
     engine = make_engine(url)
     try:
         with engine.begin() as connection:
-            connection.execute(
-                text(
-                    "insert into decisions (event_id, created_at, context, candidates, arm_id,"
-                    " slot, propensity, model_version, explore, policy, scores, request_hash)"
-                    " values ('m-7', '2026-01-01 00:00:00+00:00', '[0.5]', '[\"arm-0\"]',"
-                    " 'arm-0', 0, 1.0, 0, true, 'cold-start', '[]', 'h')"
-                )
-            )
+            insert_bare_decision(connection, "m-7", context="[0.5]")
         for step in ("head", "0004", "head"):
             (migrate.upgrade if step == "head" else migrate.downgrade)(url, step)
             engine.dispose()

@@ -11,6 +11,7 @@ from sqlalchemy import inspect, text
 from service import migrate
 from service.db.engine import make_engine
 from tests.support import (
+    insert_bare_decision,
     migration_0004_round_trip,
     migration_0005_round_trip,
     migration_0007_round_trip,
@@ -31,14 +32,7 @@ def test_migrations_0006_adds_and_drops_the_apprentice_columns_on_sqlite(tmp_pat
     engine = make_engine(url)
     try:
         with engine.begin() as connection:
-            connection.execute(
-                text(
-                    "insert into decisions (event_id, created_at, context, candidates, arm_id,"
-                    " slot, propensity, model_version, explore, policy, scores, request_hash)"
-                    " values ('m-1', '2026-01-01 00:00:00+00:00', '[0.0]', '[\"arm-0\"]',"
-                    " 'arm-0', 0, 1.0, 0, true, 'cold-start', '[]', 'h')"
-                )
-            )
+            insert_bare_decision(connection, "m-1")
         for step in ("0006", "0004", "0006"):
             (migrate.upgrade if step == "0006" else migrate.downgrade)(url, step)
             engine.dispose()
