@@ -99,9 +99,11 @@ def _known_model(settings: Settings, bandit: LinearBandit) -> RewardNet:
     return net
 
 
-@pytest.fixture
-def environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Settings]:
-    """ROFU_* settings of a linear network on a fresh SQLite file, for the app and the CLI."""
+def linear_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **extra: str
+) -> Iterator[Settings]:
+    """ROFU_* settings of a linear network on a fresh SQLite file, for the app and the CLI
+    (`extra`: more ROFU_* variables)."""
     for name in list(os.environ):
         if name.upper().startswith("ROFU_"):
             monkeypatch.delenv(name)
@@ -110,12 +112,19 @@ def environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Set
         "ROFU_CONTEXT_DIM": "4",
         "ROFU_HIDDEN": "[]",
         "ROFU_EMBEDDED_TRAINER": "false",
+        **extra,
     }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     get_settings.cache_clear()
     yield get_settings()
     get_settings.cache_clear()
+
+
+@pytest.fixture
+def environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Settings]:
+    """ROFU_* settings of a linear network on a fresh SQLite file, for the app and the CLI."""
+    yield from linear_environment(monkeypatch, tmp_path)
 
 
 def _covers(estimate: dict[str, Any], truth: float) -> bool:

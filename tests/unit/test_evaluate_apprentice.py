@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +17,16 @@ import pytest
 from replay.baseline_compare import AS_LOGGED, BEATS
 from rofu import cli
 from service import migrate
-from service.settings import Settings, get_settings
+from service.settings import Settings
 from tests.support import app_client
-from tests.unit.test_evaluate import ARMS, LinearBandit, _known_model, _store
+from tests.unit.test_evaluate import (
+    ARMS,
+    LinearBandit,
+    _covers,
+    _known_model,
+    _store,
+    linear_environment,
+)
 
 ROUNDS = 600  # per phase: cold start (v0), then checkpoint 1 (the true model)
 
@@ -28,22 +34,9 @@ ROUNDS = 600  # per phase: cold start (v0), then checkpoint 1 (the true model)
 @pytest.fixture
 def environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Settings]:
     """Apprentice mode, a linear network without bonus (rofu's rule: its argmax mean)."""
-    for name in list(os.environ):
-        if name.upper().startswith("ROFU_"):
-            monkeypatch.delenv(name)
-    env = {
-        "ROFU_DATABASE_URL": f"sqlite:///{tmp_path}/rofu.sqlite",
-        "ROFU_CONTEXT_DIM": "4",
-        "ROFU_HIDDEN": "[]",
-        "ROFU_EMBEDDED_TRAINER": "false",
-        "ROFU_LEARNING_MODE": "apprentice",
-        "ROFU_BONUS_SCALE": "0",
-    }
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    get_settings.cache_clear()
-    yield get_settings()
-    get_settings.cache_clear()
+    yield from linear_environment(
+        monkeypatch, tmp_path, ROFU_LEARNING_MODE="apprentice", ROFU_BONUS_SCALE="0"
+    )
 
 
 class Baseline:
@@ -85,10 +78,6 @@ async def _log(
         for start in range(0, ROUNDS, 50):
             await asyncio.gather(*(one(i) for i in range(start, min(start + 50, ROUNDS))))
     return sorted(logged, key=lambda row: row["event_id"])
-
-
-def _covers(estimate: dict[str, Any], truth: float) -> bool:
-    return bool(estimate["ci_low"] <= truth <= estimate["ci_high"])
 
 
 @pytest.mark.anyio
