@@ -4,8 +4,11 @@ At the reference workload (context dim 64, 10 arms, MLP 64-100-100-10, M = 5, re
 minibatch 256, |D| = 20 000) it times, for 1 and for 32 concurrent contexts:
 
 - `naive`: the per-pair loop (`models.rofu_naive`), the definition;
-- `rofu_reference`: the torch.func estimator (`kernel="functional"`), the former kernel;
-- `rofu_exact`: the hand-written batched exact kernel (`models.rofu_exact`);
+- `rofu_reference`: the torch.func estimator (`kernel="functional"`), the former kernel,
+  as it ran when the engine issue was filed (256 pairs a chunk);
+  `rofu_reference_chunked`: the same with today's default chunks (`models.rofu.chunk_pairs`);
+- `rofu_exact`: the hand-written batched exact kernel (`models.rofu_exact`), default
+  chunks; `rofu_exact_chunk256`: the same kernel 256 pairs a chunk (what the chunks buy);
 - `rofu_ntk`: NTK-ROFU from a prepared basis (`models.rofu_ntk`; the basis itself, built
   once per checkpoint, is timed as `ntk_prepare`);
 - `neuralucb_diag` and `greedy` scoring on the same network;
@@ -48,7 +51,16 @@ from models.policies import NeuralUCB, NeuralUCBParams
 from models.rofu import ntk_basis, rofu_scores
 from models.rofu_naive import rofu_scores_naive
 
-CONTENDERS = ("naive", "rofu_reference", "rofu_exact", "rofu_ntk", "neuralucb_diag", "greedy")
+CONTENDERS = (
+    "naive",
+    "rofu_reference",
+    "rofu_reference_chunked",
+    "rofu_exact",
+    "rofu_exact_chunk256",
+    "rofu_ntk",
+    "neuralucb_diag",
+    "greedy",
+)
 
 
 @dataclass(frozen=True)
@@ -149,6 +161,8 @@ def contenders(setup: Setup, contexts: torch.Tensor) -> dict[str, Callable[[], o
     """The functions timed for one batch of contexts, all on the same network and data."""
     net, data, config = setup.net, setup.data, setup.config
     ntk = dataclasses.replace(config, estimator="ntk")
+    # The reference as it ran when the engine issue was filed: 256 pairs at a time.
+    fixed = dataclasses.replace(config, chunk_size=256)
     basis = ntk_basis(net, data, ntk, torch.Generator().manual_seed(2))
 
     def greedy() -> object:
@@ -174,8 +188,10 @@ def contenders(setup: Setup, contexts: torch.Tensor) -> dict[str, Callable[[], o
         "naive": lambda: rofu_scores_naive(
             net, contexts, data, config, torch.Generator().manual_seed(2)
         ),
-        "rofu_reference": rofu("functional"),
+        "rofu_reference": rofu("functional", fixed),
+        "rofu_reference_chunked": rofu("functional"),
         "rofu_exact": rofu("fast"),
+        "rofu_exact_chunk256": rofu("fast", fixed),
         "rofu_ntk": rofu("fast", ntk, basis=basis),
         "ntk_prepare": lambda: ntk_basis(net, data, ntk, torch.Generator().manual_seed(2)),
         "neuralucb_diag": neural_ucb_diag,
@@ -211,13 +227,19 @@ def entry(work: Workload, batch: int, medians: dict[str, float], peak: float) ->
     """One `contexts` entry: medians in ms, ratios, FLOPs, share of the matmul rate."""
     flops = {
         "rofu_reference": work.exact_flops(batch * work.n_arms),
+        "rofu_reference_chunked": work.exact_flops(batch * work.n_arms),
         "rofu_exact": work.exact_flops(batch * work.n_arms, last_update=False),
+        "rofu_exact_chunk256": work.exact_flops(batch * work.n_arms, last_update=False),
         "rofu_ntk": work.ntk_flops(batch),
         "ntk_prepare": work.ntk_prepare_flops(),
     }
     out: dict[str, Any] = {f"{name}_ms": 1e3 * seconds for name, seconds in medians.items()}
     out["ratios"] = {
         "rofu_reference_over_exact": medians["rofu_reference"] / medians["rofu_exact"],
+        "rofu_reference_chunked_over_exact": (
+            medians["rofu_reference_chunked"] / medians["rofu_exact"]
+        ),
+        "exact_chunk256_over_exact": medians["rofu_exact_chunk256"] / medians["rofu_exact"],
         "rofu_reference_over_ntk": medians["rofu_reference"] / medians["rofu_ntk"],
         "ntk_over_neuralucb_diag": medians["rofu_ntk"] / medians["neuralucb_diag"],
         "exact_over_neuralucb_diag": medians["rofu_exact"] / medians["neuralucb_diag"],
@@ -309,7 +331,7 @@ def format_report(result: dict[str, Any]) -> str:
         f"M={work['steps']}, minibatch={work['minibatch']}, |D|={work['n_data']}",
         f"fp32 matmul 2048x2048: {result['matmul_gflops']:.1f} GFLOP/s",
         "",
-        f"{'contexts':>8}  {'contender':<15} {'median ms':>10} {'ms/context':>11} "
+        f"{'contexts':>8}  {'contender':<22} {'median ms':>10} {'ms/context':>11} "
         f"{'% of matmul':>12} {'floor ms':>9}",
     ]
     for batch, row in result["contexts"].items():
@@ -318,13 +340,15 @@ def format_report(result: dict[str, Any]) -> str:
             share = row["share_of_matmul"].get(name)
             floor = row["flop_floor_ms"].get(name)
             lines.append(
-                f"{batch:>8}  {name:<15} {ms:>10.2f} {ms / int(batch):>11.3f} "
+                f"{batch:>8}  {name:<22} {ms:>10.2f} {ms / int(batch):>11.3f} "
                 f"{'' if share is None else f'{100 * share:.0f}%':>12} "
                 f"{'' if floor is None else f'{floor:.2f}':>9}"
             )
         ratios = row["ratios"]
         lines.append(
-            f"{'':>8}  reference/exact = {ratios['rofu_reference_over_exact']:.2f}x, "
+            f"{'':>8}  reference/exact = {ratios['rofu_reference_over_exact']:.2f}x "
+            f"(chunked reference/exact = {ratios['rofu_reference_chunked_over_exact']:.2f}x, "
+            f"exact at 256/exact = {ratios['exact_chunk256_over_exact']:.2f}x), "
             f"reference/ntk = {ratios['rofu_reference_over_ntk']:.1f}x, "
             f"ntk/NeuralUCB-diag = {ratios['ntk_over_neuralucb_diag']:.2f}x, "
             f"exact/NeuralUCB-diag = {ratios['exact_over_neuralucb_diag']:.1f}x"

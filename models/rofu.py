@@ -62,8 +62,11 @@ __all__ = [
     "BASELINES",
     "ESTIMATORS",
     "REGULARISERS",
+    "CHUNK_BYTES",
+    "MAX_CHUNK",
     "NtkBasis",
     "RofuConfig",
+    "chunk_pairs",
     "minibatch_indices",
     "ntk_basis",
     "regulariser_weights",
@@ -72,6 +75,11 @@ __all__ = [
 
 Params = dict[str, Tensor]
 KERNELS = ("fast", "functional")
+# Pairs per chunk when `config.chunk_size` is None. On a CPU the exact kernel slows by
+# 1.5-3.5x once a chunk's activations outgrow the cache (measured for 64-100-100-10,
+# 64-256-256-10 and 64-100-10 MLPs: `rofu bench kernel` times the old fixed 256 beside it).
+CHUNK_BYTES = 8 << 20
+MAX_CHUNK = 256
 
 
 def rofu_scores(
@@ -147,7 +155,8 @@ def rofu_scores(
                 ascent = ExactAscent(net, sample, table, config, steps)
             else:
                 ascent = FunctionalAscent(net, sample, table, config, steps)
-            mean, bonus = _ascend(ascent, theta, contexts, batch_idx, rows, weights, config)
+            chunk = chunk_pairs(net, config, device, len(data.sample))
+            mean, bonus = _ascend(ascent, theta, contexts, batch_idx, rows, weights, config, chunk)
     return _scatter(mask, batch_idx, arms, mean, bonus, device, dtype)
 
 
@@ -179,17 +188,33 @@ def _ascend(
     arms: Tensor,
     weights: Tensor,
     config: RofuConfig,
+    chunk_size: int,
 ) -> tuple[list[Tensor], list[Tensor]]:
-    """Means and bonuses of the P pairs (batch_idx, arms), `config.chunk_size` at a time."""
+    """Means and bonuses of the P pairs (batch_idx, arms), `chunk_size` at a time."""
     device = contexts.device
     mean, bonus = [], []
-    for start in range(0, arms.numel(), config.chunk_size):
-        chunk = slice(start, start + config.chunk_size)
+    for start in range(0, arms.numel(), chunk_size):
+        chunk = slice(start, start + chunk_size)
         pair_x = contexts[batch_idx[chunk].to(device)]  # (P, *context_shape)
         f0, gain = ascent.ascend(theta, pair_x, arms[chunk].to(device), weights[chunk])
         mean.append(f0)
         bonus.append(_bonus(gain, config))
     return mean, bonus
+
+
+def chunk_pairs(net: RewardModel, config: RofuConfig, device: torch.device, n_rows: int) -> int:
+    """Pairs the exact estimator computes together: `config.chunk_size` when set; else, on a
+    CPU and for an MLP `RewardNet`, as many as keep the working set, about
+    (minibatch + 1) * sum(hidden) * 16 bytes a pair, within `CHUNK_BYTES` (at least one,
+    at most `MAX_CHUNK`); else `MAX_CHUNK`. `n_rows` is the data sample's size (the
+    minibatch when `minibatch_size` is None or larger)."""
+    if config.chunk_size is not None:
+        return config.chunk_size
+    if device.type != "cpu" or not isinstance(net, RewardNet):
+        return MAX_CHUNK
+    rows = min(config.minibatch_size or n_rows, n_rows) + 1
+    per_pair = rows * max(sum(net.config.hidden), 1) * 16
+    return max(1, min(MAX_CHUNK, CHUNK_BYTES // per_pair))
 
 
 def ntk_basis(

@@ -32,8 +32,12 @@ class RofuConfig:
         l2: coefficient of |theta|^2 inside R (1 with eta = 1/2 gives LinUCB, paper Thm 1).
         minibatch_size: rows of the data sample per step; None uses the whole sample.
         bonus_scale: multiplies g(w) = sqrt(max(w, 0)) (the authors' `coef`).
-        chunk_size: pairs computed together; bounds memory at roughly
-            chunk_size * minibatch_size * sum(hidden) * 16 bytes.
+        chunk_size: pairs computed together; their working set is roughly
+            chunk_size * minibatch_size * sum(hidden) * 16 bytes. None (the default)
+            picks it for the device (`models.rofu.chunk_pairs`): on a CPU, as many pairs
+            as keep an MLP's working set near `CHUNK_BYTES` (past the cache the kernel
+            runs 1.5-3.5x slower; `rofu bench kernel`), elsewhere `MAX_CHUNK`. The
+            results do not depend on it.
         baseline: what the gain g is applied to is measured against. `start` (the paper):
             f_theta_M(x, a) - f_theta(x, a). `drift`: f_theta_M(x, a) - f_theta~_M(x, a),
             where theta~ takes the same steps on the same minibatches without the
@@ -58,7 +62,7 @@ class RofuConfig:
     l2: float = 0.0
     minibatch_size: int | None = 256
     bonus_scale: float = 1.0
-    chunk_size: int = 256
+    chunk_size: int | None = None
     baseline: str = "start"
     estimator: str = "exact"
     selection: str = "argmax"
@@ -75,7 +79,8 @@ class RofuConfig:
         if self.minibatch_size is not None:
             check_int("minibatch_size", self.minibatch_size, low=1)
         check_float("bonus_scale", self.bonus_scale, low=0.0)
-        check_int("chunk_size", self.chunk_size, low=1)
+        if self.chunk_size is not None:
+            check_int("chunk_size", self.chunk_size, low=1)
         check_choice("baseline", self.baseline, BASELINES)
         check_choice("estimator", self.estimator, ESTIMATORS)
         SelectionRule(self.selection, self.exploration_floor, self.igw_gamma)  # checks them

@@ -7,7 +7,7 @@ is computed once: step 0's regulariser gradient (every pair still sits at theta)
 first layer's product with the minibatch rows is a single broadcast matmul. Parameters
 are updated in place; the last step forms no weight gradient (theta_M's output at the
 query follows from that step's deltas and input products); pairs run in chunks of
-`config.chunk_size`.
+`models.rofu.chunk_pairs`.
 """
 
 from __future__ import annotations

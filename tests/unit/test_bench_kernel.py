@@ -22,7 +22,9 @@ def test_bench_kernel_report_has_every_contender_ratio_and_share():
             assert row[f"{name}_ms"] > 0
         assert set(row["share_of_matmul"]) == {
             "rofu_reference",
+            "rofu_reference_chunked",
             "rofu_exact",
+            "rofu_exact_chunk256",
             "rofu_ntk",
             "ntk_prepare",
         }
@@ -33,6 +35,7 @@ def test_bench_kernel_report_has_every_contender_ratio_and_share():
     text = kernel.format_report(result)
     assert "rofu_ntk" in text
     assert "reference/exact" in text
+    assert "exact at 256/exact" in text
 
 
 def test_bench_kernel_flop_counts_order_the_estimators():
