@@ -202,6 +202,9 @@ def checkpoint_scores(
         mask = torch.zeros(len(log.contexts[rows]), width, dtype=torch.bool)
         mask[:, : log.n_slots] = torch.from_numpy(log.candidates[rows])
         contexts = snapshot.bounded(torch.tensor(log.contexts[rows], dtype=torch.float32))
+        pair = _own_features(log, rows, features)
+        if pair is not None and features is not None:  # clamped as /v1/select clamps them
+            pair = snapshot.bounded_features(pair, features)
         scores = rofu_scores(
             snapshot.net,
             contexts,
@@ -210,7 +213,7 @@ def checkpoint_scores(
             checkpoint_generator(settings.seed, snapshot.version),  # as each /select call
             candidates=mask,
             arm_features=features,
-            pair_features=_own_features(log, rows, features),
+            pair_features=pair,
             basis=basis,
         )
         mean[rows] = scores.mean.detach().double().numpy()[:, : log.n_slots]

@@ -111,10 +111,10 @@ class Scorer:
     def __call__(self, jobs: list[SelectJob]) -> list[SelectOutcome | None]:
         """Score and choose for every job (runs in the batcher's worker thread).
 
-        Contexts are scored clamped into the range the network was trained on
-        (`Snapshot.bounded`). None for a job whose candidates' scores are still not finite
-        (a network that overflows on its own data's range): it cannot be decided, and must
-        not be logged.
+        Contexts, and per-request arm features, are scored clamped into the range the
+        network was trained on (`Snapshot.bounded`, `Snapshot.bounded_features`). None for
+        a job whose candidates' scores are still not finite (a network that overflows on
+        its own data's range): it cannot be decided, and must not be logged.
         """
         snapshot = self._holder.current  # one snapshot for the whole batch
         catalogue = self._catalogue.current  # at least as new as the jobs' candidates
@@ -133,7 +133,10 @@ class Scorer:
             features = catalogue.feature_table(self._arm_feature_dim).to(device)
         contexts = torch.tensor([job.context for job in jobs], dtype=torch.float32)
         bounded = snapshot.bounded(contexts.to(device))  # into the range the network knows
-        raw = self._scores(snapshot, bounded, mask, features, _per_request(jobs, features))
+        pair = _per_request(jobs, features)
+        if pair is not None and features is not None:  # and into the range it knows
+            pair = snapshot.bounded_features(pair, features)
+        raw = self._scores(snapshot, bounded, mask, features, pair)
         scores = Scores(raw.mean.cpu().double(), raw.bonus.cpu().double())
         finite = ((torch.isfinite(scores.mean) & torch.isfinite(scores.bonus)) | ~mask).all(1)
         explore = torch.tensor([job.explore for job in jobs])

@@ -63,6 +63,8 @@ class Snapshot:
     # (D,) the range a context is clamped into before it is scored (None: no data yet)
     context_low: torch.Tensor | None = None
     context_high: torch.Tensor | None = None
+    # (F,) the extremes of the arm features the sample's rows carry (None: none carry any)
+    features_seen: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def bounded(self, contexts: torch.Tensor) -> torch.Tensor:
         """(B, D) contexts clamped, feature by feature, into the range the network was
@@ -76,6 +78,18 @@ class Snapshot:
         low = self.context_low.to(contexts.device, contexts.dtype)
         high = self.context_high.to(contexts.device, contexts.dtype)
         return torch.minimum(torch.maximum(contexts, low), high)
+
+    def bounded_features(self, pair: torch.Tensor, catalogue: torch.Tensor) -> torch.Tensor:
+        """(B, slots, F) per-request arm features clamped, feature by feature, into the range
+        of the catalogue's (`catalogue`, (slots, F)) and the trained rows' arm features,
+        widened like a context's (`bounded`): every accepted request can be scored."""
+        seen = catalogue.to(pair)
+        low, high = seen.min(dim=0).values, seen.max(dim=0).values
+        if self.features_seen is not None:
+            low = torch.minimum(low, self.features_seen[0].to(pair))
+            high = torch.maximum(high, self.features_seen[1].to(pair))
+        low, high = _widened(low, high)
+        return torch.minimum(torch.maximum(pair, low), high)
 
     @classmethod
     def from_blob(
@@ -95,11 +109,12 @@ class Snapshot:
             checkpoint.data.sample.to(device), checkpoint.data.n_total, checkpoint.data.arm_counts
         )
         low = high = None
-        x = checkpoint.data.sample.x
-        if x.shape[0] > 0:
-            seen_low, seen_high = x.min(dim=0).values, x.max(dim=0).values
-            width = (seen_high - seen_low).clamp(min=1.0)
-            low, high = seen_low - width, seen_high + width
+        sample = checkpoint.data.sample
+        if sample.x.shape[0] > 0:
+            low, high = _widened(sample.x.min(dim=0).values, sample.x.max(dim=0).values)
+        features_seen = None
+        if sample.features is not None and sample.features.shape[0] > 0:
+            features_seen = (sample.features.min(dim=0).values, sample.features.max(dim=0).values)
         return cls(
             version=checkpoint.version,
             checksum=checkpoint_checksum(blob),
@@ -109,7 +124,14 @@ class Snapshot:
             loaded_at=time.time(),
             context_low=low,
             context_high=high,
+            features_seen=features_seen,
         )
+
+
+def _widened(low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[low, high] widened on each side by its width, at least 1."""
+    width = (high - low).clamp(min=1.0)
+    return low - width, high + width
 
 
 class SnapshotHolder:

@@ -8,6 +8,7 @@ hand with a `Trainer` on the app's own sessions, store and bus.
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 from typing import Any
@@ -237,3 +238,35 @@ async def test_evaluation_rescores_the_log_with_each_requests_own_arm_features(
         for slot, served in enumerate(decision["scores"]):
             assert scores.mean[row, slot] == pytest.approx(served["mean"], rel=1e-6, abs=1e-9)
             assert scores.bonus[row, slot] == pytest.approx(served["bonus"], rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.anyio
+async def test_every_accepted_arm_feature_is_scored_clamped_into_the_networks_range(
+    settings: Settings,
+):
+    """Per-request arm features far outside what the network knows are scored clamped into
+    the range of the catalogue's and the trained rows' features, widened by that range's
+    width (as contexts are); they used to overflow into "scores not finite". The log keeps
+    what was asked."""
+    settings = settings.model_copy(update={"max_abs_feature": 1e30})
+    async with app_client(settings) as (client, app):
+        await _with_checkpoint(client, app)
+        plain = await _select(client)
+        for value in (1e6, 1e30):
+            far = [value, -value, 0.5]
+            response = await client.post(
+                "/v1/select", json={"context": CONTEXT, "arm_features": {"arm-1": far}}
+            )
+            assert response.status_code == 200, response.text
+            got = _scores(response.json())
+            assert all(math.isfinite(m) and math.isfinite(b) for m, b in got.values())
+            # arm-1 is scored at the range's edge; the other arms as without it.
+            assert {arm: got[arm] for arm in ARMS if arm != "arm-1"} == {
+                arm: _scores(plain)[arm] for arm in ARMS if arm != "arm-1"
+            }
+            stored = repository.find_decisions(
+                _runtime(app).sessions, [response.json()["event_id"]]
+            )
+            assert stored[response.json()["event_id"]].arm_features == {"arm-1": far}
+        edge = await _select(client, arm_features={"arm-1": [2.0, -1.0, 0.5]})  # 1 + width 1
+    assert _scores(edge)["arm-1"] == pytest.approx(got["arm-1"], rel=1e-5, abs=1e-6)
