@@ -22,6 +22,7 @@ from service.decision_batch import Pending, Result
 from service.follower import CheckpointFollower
 from service.metrics import ServiceMetrics
 from service.redis_bus import RedisBus
+from service.rewards import RewardBatcher
 from service.runtime import Runtime
 from service.security import KEY_HEADERS, KeyRing, authorise
 from service.settings import Settings
@@ -58,6 +59,11 @@ async def get_batcher(request: Request) -> MicroBatcher[Pending, Result]:
     return _runtime(request).batcher
 
 
+async def get_reward_batcher(request: Request) -> RewardBatcher:
+    """The micro-batcher that stores rewards, one transaction per batch."""
+    return _runtime(request).reward_batcher
+
+
 async def get_snapshot(request: Request) -> Snapshot | None:
     """The snapshot served at the time of the request (None before any checkpoint)."""
     return _runtime(request).holder.current
@@ -88,6 +94,7 @@ SessionsDep = Annotated[SessionFactory, Depends(get_sessions)]
 CatalogueDep = Annotated[CatalogueCache, Depends(get_catalogue)]
 MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
 BatcherDep = Annotated[MicroBatcher[Pending, Result], Depends(get_batcher)]
+RewardBatcherDep = Annotated[RewardBatcher, Depends(get_reward_batcher)]
 SnapshotDep = Annotated[Snapshot | None, Depends(get_snapshot)]
 FollowerDep = Annotated[CheckpointFollower, Depends(get_follower)]
 DatabaseCheckDep = Annotated[Callable[[], Awaitable[DatabaseStatus]], Depends(get_database_check)]

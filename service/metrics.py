@@ -37,6 +37,12 @@ class ServiceMetrics:
             buckets=BATCH_BUCKETS,
             registry=r,
         )
+        self.reward_batch_size = Histogram(
+            "rofu_reward_batch_size",
+            "Rewards stored together in one transaction",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
         self.selections = Counter(
             "rofu_selections_total",
             "Decisions made, by arm and policy (explore, exploit, cold-start, apprentice: "

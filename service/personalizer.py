@@ -44,7 +44,7 @@ from service.errors import Conflict, InvalidInput, ServiceError
 from service.metrics import ServiceMetrics
 from service.personalizer_features import Merged, merge
 from service.personalizer_schemas import EVENT_ID_RULE, RankedAction, RankRequest, RankResponse
-from service.rewards import RewardOutcome, record_reward
+from service.rewards import RewardBatcher, RewardOutcome, record_reward
 from service.schemas import EVENT_ID_PATTERN, SelectRequest, SelectResponse
 from service.settings import ARM_ID_PATTERN, Settings
 
@@ -220,13 +220,13 @@ async def reward(
     event_id: str,
     value: float,
     settings: Settings,
-    sessions: SessionFactory,
+    rewards: RewardBatcher,
     metrics: ServiceMetrics,
 ) -> RewardOutcome:
     """Personalizer's Reward, stored by `service.rewards.record_reward` like /v1/reward."""
     _check_event_id(event_id)
     try:
-        return await record_reward(event_id, value, settings, sessions, metrics)
+        return await record_reward(event_id, value, settings, rewards, metrics)
     except ServiceError as exc:
         raise _renamed(exc) from exc
 

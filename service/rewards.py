@@ -1,15 +1,17 @@
 """Rewards as domain logic: the one function behind `POST /v1/reward` (and any facade that
-stores a reward, such as the Personalizer-compatible one).
+stores a reward, such as the Personalizer-compatible one), and the micro-batch handler
+that stores them.
 
 The first value wins: a repeat with the same value is a duplicate (never counted twice), a
 different value is a 409. A reward after its decision's window closed, or after a
 checkpoint consumed the decision, is stored flagged `late` and never trained on.
+Concurrent rewards are stored together, one transaction per micro-batch: a batch takes
+the rewards that queued while the one before it was written (no wait when idle).
 """
 
 from __future__ import annotations
 
-from starlette.concurrency import run_in_threadpool
-
+from service.batcher import MicroBatcher
 from service.db import repository
 from service.db.engine import SessionFactory
 from service.deadline import within
@@ -20,15 +22,37 @@ from service.reward_metrics import count_reward
 from service.settings import Settings
 
 RewardOutcome = repository.RewardOutcome
+RewardPost = repository.RewardPost
+Stored = repository.Stored
+RewardBatcher = MicroBatcher[RewardPost, Stored]
 
-__all__ = ["RewardOutcome", "record_reward"]
+__all__ = ["RewardBatch", "RewardBatcher", "RewardOutcome", "RewardPost", "record_reward"]
+
+
+class RewardBatch:
+    """The micro-batcher's handler for rewards: a batch in one transaction, each post
+    with its own outcome or error (`repository.attach_rewards`); a database failure
+    fails every post of the batch.
+
+    Args:
+        sessions: the database.
+        window_seconds: the reward window (`ROFU_REWARD_WINDOW_SECONDS`).
+    """
+
+    def __init__(self, sessions: SessionFactory, window_seconds: float) -> None:
+        self._sessions = sessions
+        self._window_seconds = window_seconds
+
+    def __call__(self, batch: list[RewardPost]) -> list[Stored]:
+        """Store the batch's rewards, in order, as if posted one after the other."""
+        return repository.attach_rewards(self._sessions, batch, self._window_seconds)
 
 
 async def record_reward(
     event_id: str,
     value: float,
     settings: Settings,
-    sessions: SessionFactory,
+    rewards: RewardBatcher,
     metrics: ServiceMetrics,
 ) -> RewardOutcome:
     """Store the reward of `event_id`'s decision; durable once this returns. Counts it in
@@ -47,23 +71,11 @@ async def record_reward(
             f"value: {value} is beyond the bound +-{limit:g} (ROFU_MAX_ABS_REWARD)",
             field="value",
         )
-    try:
-        outcome = await within(
-            settings.request_deadline_seconds,
-            run_in_threadpool(
-                repository.attach_reward,
-                sessions,
-                event_id,
-                value,
-                settings.reward_window_seconds,
-            ),
-        )
-    except NotFound:
-        counter.labels("unknown_event").inc()
-        raise
-    except Conflict:
-        counter.labels("conflict").inc()
-        raise
+    post = RewardPost(event_id, value)
+    outcome = await within(settings.request_deadline_seconds, rewards.submit(post))
+    if isinstance(outcome, NotFound | Conflict):
+        counter.labels("unknown_event" if isinstance(outcome, NotFound) else "conflict").inc()
+        raise outcome
     counter.labels(_outcome(outcome)).inc()
     if not outcome.duplicate and outcome.decision is not None:  # stored now: count it once
         row = outcome.decision

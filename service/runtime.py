@@ -22,6 +22,7 @@ from service.decision_batch import DecisionBatch, Pending, Result
 from service.follower import CheckpointFollower
 from service.metrics import ServiceMetrics
 from service.redis_bus import RedisBus
+from service.rewards import RewardBatch, RewardBatcher
 from service.scoring import Scorer
 from service.security import KeyRing
 from service.settings import Settings
@@ -89,6 +90,12 @@ class Runtime:
             decisions,
             max_size=settings.batch_max_size,
             max_wait_s=settings.batch_max_wait_ms / 1000,
+        )
+        self.reward_batcher: RewardBatcher = MicroBatcher(
+            RewardBatch(self.sessions, settings.reward_window_seconds),
+            max_size=settings.batch_max_size,
+            max_wait_s=0.0,  # a batch is what queued while the previous one was written
+            on_batch=self.metrics.reward_batch_size.observe,
         )
         self.follower = CheckpointFollower(
             self.sessions,
@@ -203,7 +210,7 @@ class Runtime:
         return status
 
     async def aclose(self) -> None:
-        """Stop loops, the trainer and the batcher; release Redis and the database."""
+        """Stop loops, the trainer and the batchers; release Redis and the database."""
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -213,6 +220,7 @@ class Runtime:
         await asyncio.gather(*self._blocking_jobs, return_exceptions=True)
         if self.trainer_loop is not None:
             await run_in_threadpool(self.trainer_loop.stop)
+        await self.reward_batcher.aclose()
         await self.batcher.aclose()
         if self.redis is not None:
             self.redis.close()

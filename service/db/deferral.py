@@ -17,7 +17,7 @@ from sqlalchemy import CursorResult, or_, update
 from sqlalchemy.orm import Session
 
 from service.db.engine import SessionFactory
-from service.db.repository import database_errors, misses_training
+from service.db.repository import database_errors, lock_decisions, misses_training
 from service.db.tables import DecisionRow, utcnow
 from service.errors import NotFound
 
@@ -90,6 +90,7 @@ def expire_unactivated(sessions: SessionFactory, event_ids: Sequence[str], versi
     awaiting = or_(DecisionRow.activated_at.is_(None), DecisionRow.activation_late.is_(True))
     expired = 0
     with database_errors(), sessions() as session, session.begin():
+        lock_decisions(session, event_ids)  # as a batch of rewards does: no deadlock
         for start in range(0, len(event_ids), 500):
             chunk = list(event_ids[start : start + 500])
             result = session.execute(

@@ -3,16 +3,18 @@ completely or changes nothing; database outages surface as `Unavailable`."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import CursorResult, and_, func, select, update
+from sqlalchemy import CursorResult, Select, and_, func, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, defer
+from sqlalchemy.sql import ColumnElement
 
 from service.db import faults
 from service.db.engine import SessionFactory
@@ -83,7 +85,43 @@ def save_decision(sessions: SessionFactory, row: DecisionRow) -> tuple[DecisionR
     return row, True
 
 
+LOCK_CHUNK = 4096  # ids per locking query: the largest ROFU_BATCH_MAX_SIZE, so a batch takes one
+
+
+def in_lock_order(session: Session, event_ids: Collection[str]) -> Iterator[Select[DecisionRow]]:
+    """Queries that select the decisions of `event_ids` and lock them (Postgres; SQLite
+    ignores `FOR UPDATE`) in the one order every transaction locking several decisions
+    takes them: by the ids' bytes, `LOCK_CHUNK` to a query. So no two such transactions
+    can wait for each other (a deadlock)."""
+    key: ColumnElement[str] = DecisionRow.event_id.expression
+    if session.get_bind().dialect.name == "postgresql":
+        key = key.collate("C")  # Python's order of the ids, whatever the database's collation
+    ids = sorted(set(event_ids))
+    for start in range(0, len(ids), LOCK_CHUNK):
+        chunk = ids[start : start + LOCK_CHUNK]
+        query = select(DecisionRow).where(DecisionRow.event_id.in_(chunk))
+        yield query.order_by(key).with_for_update()
+
+
+def lock_decisions(session: Session, event_ids: Collection[str]) -> None:
+    """Lock the decisions of `event_ids` in the lock order (`in_lock_order`) before a
+    statement that updates several of them. Postgres only: SQLite has no row locks, and a
+    claim's first statement there must be its write (`commit_checkpoint`)."""
+    if session.get_bind().dialect.name != "postgresql":
+        return
+    for query in in_lock_order(session, event_ids):
+        session.execute(query.with_only_columns(DecisionRow.event_id)).all()
+
+
 # Rewards -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RewardPost:
+    """One reward to store: the value posted for an event."""
+
+    event_id: str
+    value: float
 
 
 @dataclass(frozen=True)
@@ -98,54 +136,94 @@ class RewardOutcome:
     decision: DecisionRow | None = None
 
 
-def attach_reward(
-    sessions: SessionFactory, event_id: str, value: float, window_seconds: float = 0.0
-) -> RewardOutcome:
-    """Store the reward of a decision; durable once this returns.
+Stored = RewardOutcome | NotFound | Conflict  # a post's outcome, or its own error
+
+
+def attach_rewards(
+    sessions: SessionFactory, posts: Sequence[RewardPost], window_seconds: float = 0.0
+) -> list[Stored]:
+    """Store the rewards of decisions in one transaction, as if posted one after the other
+    in this order; durable once this returns.
 
     The first value wins: a repeat with the same value is counted as a duplicate (never
-    a second reward); a repeat with a different value raises `Conflict`. A first reward
+    a second reward); a repeat with a different value gets `Conflict`. A first reward
     is stored `late` when its decision was already consumed by a checkpoint, or when
     more than `window_seconds` (> 0) have passed since the decision: the trainer never
     trains on it. (With a window of 0 the trainer takes a decision at its next run, and
     a reward is late only once that run consumed it.)
 
+    Returns:
+        Per post, in order: its outcome, `NotFound` (no decision has its event id) or
+        `Conflict` (its event already has a different reward).
+
     Raises:
-        NotFound: no decision has this event id.
-        Conflict: the event already has a different reward.
+        Unavailable: the database is down; no post was stored.
     """
     for attempt in range(2):
         try:
-            return _transaction(sessions, lambda s: _attach(s, event_id, value, window_seconds))
+            return _transaction(sessions, lambda s: _attach(s, posts, window_seconds))
         except IntegrityError:  # a concurrent first reward committed between our read and write
             if attempt:
                 raise
     raise AssertionError("unreachable")
 
 
-def _attach(session: Session, event_id: str, value: float, window_seconds: float) -> RewardOutcome:
-    # Locked (Postgres) so that a trainer's claim on the decision either comes first, and
+def attach_reward(
+    sessions: SessionFactory, event_id: str, value: float, window_seconds: float = 0.0
+) -> RewardOutcome:
+    """Store the reward of a decision (`attach_rewards` of one post).
+
+    Raises:
+        NotFound: no decision has this event id.
+        Conflict: the event already has a different reward.
+    """
+    [stored] = attach_rewards(sessions, [RewardPost(event_id, value)], window_seconds)
+    if isinstance(stored, Exception):
+        raise stored
+    return stored
+
+
+def _attach(session: Session, posts: Sequence[RewardPost], window_seconds: float) -> list[Stored]:
+    # Locked (Postgres) so that a trainer's claim on a decision either comes first, and
     # is seen here, or waits and then sees this reward (`_claim`).
-    decision = session.get(DecisionRow, event_id, with_for_update=True)
-    if decision is None:
-        raise NotFound(f"no decision with event_id {event_id!r}", field="event_id")
-    stored = session.scalar(select(RewardRow).where(RewardRow.event_id == event_id))
-    if stored is None:
-        late = misses_training(decision, window_seconds)
-        session.add(RewardRow(event_id=event_id, value=value, late=late))
-        session.flush()
-        return RewardOutcome(event_id, value, duplicate=False, late=late, decision=decision)
-    if stored.value != value:
-        raise Conflict(
-            f"event {event_id!r} already has reward {stored.value}; the first value wins",
+    locking = in_lock_order(session, {post.event_id for post in posts})
+    decisions = {row.event_id: row for query in locking for row in session.scalars(query)}
+    query = select(RewardRow).where(RewardRow.event_id.in_(list(decisions)))
+    rewards = {row.event_id: row for row in session.scalars(query)}
+    repeats: Counter[str] = Counter()
+    results: list[Stored] = []
+    for post in posts:
+        decision = decisions.get(post.event_id)
+        if decision is None:
+            results.append(
+                NotFound(f"no decision with event_id {post.event_id!r}", field="event_id")
+            )
+        elif post.event_id not in rewards:
+            late = misses_training(decision, window_seconds)
+            rewards[post.event_id] = RewardRow(event_id=post.event_id, value=post.value, late=late)
+            session.add(rewards[post.event_id])
+            results.append(RewardOutcome(post.event_id, post.value, False, late, decision))
+        else:
+            results.append(_repeat(rewards[post.event_id], post, repeats))
+    session.flush()  # a first reward stored meanwhile by another replica fails here
+    for event_id, count in repeats.items():
+        session.execute(
+            update(RewardRow)
+            .where(RewardRow.event_id == event_id)
+            .values(repeats=RewardRow.repeats + count)
+        )
+    return results
+
+
+def _repeat(stored: RewardRow, post: RewardPost, repeats: Counter[str]) -> Stored:
+    """A post for an event whose reward is stored: a duplicate, or a `Conflict`."""
+    if stored.value != post.value:
+        return Conflict(
+            f"event {post.event_id!r} already has reward {stored.value}; the first value wins",
             field="value",
         )
-    session.execute(
-        update(RewardRow)
-        .where(RewardRow.event_id == event_id)
-        .values(repeats=RewardRow.repeats + 1)
-    )
-    return RewardOutcome(event_id, stored.value, duplicate=True, late=stored.late)
+    repeats[post.event_id] += 1
+    return RewardOutcome(post.event_id, stored.value, duplicate=True, late=stored.late)
 
 
 def misses_training(decision: DecisionRow, window_seconds: float) -> bool:
@@ -379,7 +457,9 @@ def _claim(
     """Mark the decisions consumed, then flag late the rewards that arrived for
     `unrewarded` ones since the run read them. A reward post locks its decision
     (`_attach`), so it either waits for this claim and sees it, or committed before the
-    second statement here, which then sees the reward."""
+    second statement here, which then sees the reward. The decisions are locked first,
+    in the lock order of a batch of rewards (`in_lock_order`): no deadlock with one."""
+    lock_decisions(session, consumed)
     claimed = 0
     for start in range(0, len(consumed), 500):
         chunk = list(consumed[start : start + 500])

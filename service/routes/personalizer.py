@@ -13,7 +13,14 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Response
 
 from service import personalizer
-from service.deps import BatcherDep, MetricsDep, SessionsDep, SettingsDep, SubscriberAuth
+from service.deps import (
+    BatcherDep,
+    MetricsDep,
+    RewardBatcherDep,
+    SessionsDep,
+    SettingsDep,
+    SubscriberAuth,
+)
 from service.personalizer_schemas import (
     ERRORS,
     PREFIX,
@@ -48,11 +55,11 @@ async def reward(
     event_id: EventId,
     body: PersonalizerRewardRequest,
     settings: SettingsDep,
-    sessions: SessionsDep,
+    rewards: RewardBatcherDep,
     metrics: MetricsDep,
 ) -> Response:
     """Report the reward of a ranked event (as /v1/reward: the first value wins)."""
-    await personalizer.reward(event_id, body.value, settings, sessions, metrics)
+    await personalizer.reward(event_id, body.value, settings, rewards, metrics)
     return Response(status_code=204)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service.deps import ClientAuth, MetricsDep, SessionsDep, SettingsDep
+from service.deps import ClientAuth, MetricsDep, RewardBatcherDep, SettingsDep
 from service.rewards import record_reward
 from service.routes import API_PREFIX
 from service.schemas import RewardRequest, RewardResponse, error_responses
@@ -15,11 +15,11 @@ ERRORS = error_responses(400, 401, 403, 404, 409, 413, 422, 503)
 
 @router.post("/reward", response_model=RewardResponse, responses=ERRORS)
 async def reward(
-    body: RewardRequest, settings: SettingsDep, sessions: SessionsDep, metrics: MetricsDep
+    body: RewardRequest, settings: SettingsDep, rewards: RewardBatcherDep, metrics: MetricsDep
 ) -> RewardResponse:
     """Attach a reward to a decision; durable before the 2xx; the first value wins; one
     after the decision's window is stored flagged `late`."""
-    outcome = await record_reward(body.event_id, body.value, settings, sessions, metrics)
+    outcome = await record_reward(body.event_id, body.value, settings, rewards, metrics)
     return RewardResponse(
         event_id=outcome.event_id,
         value=outcome.value,
