@@ -12,7 +12,7 @@ the rewards that queued while the one before it was written (no wait when idle).
 from __future__ import annotations
 
 from service.batcher import MicroBatcher
-from service.db import repository
+from service.db import rewards as reward_rows
 from service.db.engine import SessionFactory
 from service.deadline import within
 from service.decisions import stored_scores
@@ -21,9 +21,9 @@ from service.metrics import ServiceMetrics
 from service.reward_metrics import count_reward
 from service.settings import Settings
 
-RewardOutcome = repository.RewardOutcome
-RewardPost = repository.RewardPost
-Stored = repository.Stored
+RewardOutcome = reward_rows.RewardOutcome
+RewardPost = reward_rows.RewardPost
+Stored = reward_rows.Stored
 RewardBatcher = MicroBatcher[RewardPost, Stored]
 
 __all__ = ["RewardBatch", "RewardBatcher", "RewardOutcome", "RewardPost", "record_reward"]
@@ -31,7 +31,7 @@ __all__ = ["RewardBatch", "RewardBatcher", "RewardOutcome", "RewardPost", "recor
 
 class RewardBatch:
     """The micro-batcher's handler for rewards: a batch in one transaction, each post
-    with its own outcome or error (`repository.attach_rewards`); a database failure
+    with its own outcome or error (`reward_rows.attach_rewards`); a database failure
     fails every post of the batch.
 
     Args:
@@ -45,7 +45,7 @@ class RewardBatch:
 
     def __call__(self, batch: list[RewardPost]) -> list[Stored]:
         """Store the batch's rewards, in order, as if posted one after the other."""
-        return repository.attach_rewards(self._sessions, batch, self._window_seconds)
+        return reward_rows.attach_rewards(self._sessions, batch, self._window_seconds)
 
 
 async def record_reward(

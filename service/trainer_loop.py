@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 
-from service.db import repository
+from service.db import rewards as reward_rows
 from service.db.engine import SessionFactory
 from service.trainer import Trainer, TrainReport
 
@@ -31,14 +31,14 @@ class TrainerLoop:
         settings = self._trainer.settings
         if time.monotonic() - self._last_run >= settings.train_interval_seconds:
             return True
-        new = repository.count_rewards(self._sessions) - self._rewards_at_last_run
+        new = reward_rows.count_rewards(self._sessions) - self._rewards_at_last_run
         return new >= settings.train_every_rewards
 
     def step(self) -> TrainReport | None:
         """Run once if due; failures are logged and counted, never raised."""
         if not self.due():
             return None
-        self._rewards_at_last_run = repository.count_rewards(self._sessions)
+        self._rewards_at_last_run = reward_rows.count_rewards(self._sessions)
         self._last_run = time.monotonic()
         try:
             return self._trainer.run_once()

@@ -8,6 +8,7 @@ import pytest
 from service.bus import CheckpointBus
 from service.checkpoint_store import CheckpointStore
 from service.db import deferral, repository
+from service.db import rewards as reward_rows
 from service.db.engine import SessionFactory
 from service.metrics import ServiceMetrics
 from service.settings import Settings
@@ -21,7 +22,7 @@ def log_deferred(sessions: SessionFactory, event_id: str, reward: float) -> None
     row = decision_row(event_id, [0.5, 1.0, -1.0, 0.5], arm="arm-1", slot=1)
     row.deferred = True
     repository.save_decision(sessions, row)
-    outcome = repository.attach_reward(sessions, event_id, reward)
+    outcome = reward_rows.attach_reward(sessions, event_id, reward)
     assert not outcome.late
 
 

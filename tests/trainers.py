@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 from service.bus import CheckpointBus
 from service.checkpoint_store import CheckpointStore
 from service.db import repository
+from service.db import rewards as reward_rows
 from service.db.engine import SessionFactory
 from service.db.tables import CheckpointRow, DecisionRow
 from service.metrics import ServiceMetrics
@@ -34,7 +35,7 @@ def log_decisions(sessions: SessionFactory, prefix: str, n: int, *, rewarded: bo
         )
         repository.save_decision(sessions, row)
         if rewarded:
-            repository.attach_reward(sessions, f"{prefix}-{i}", float(i % 2))
+            reward_rows.attach_reward(sessions, f"{prefix}-{i}", float(i % 2))
 
 
 def marks(sessions: SessionFactory) -> dict[int | None, int]:

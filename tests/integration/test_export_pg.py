@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from service.db import repository
+from service.db import rewards as reward_rows
 from service.db.engine import make_engine, session_factory
 from service.db.tables import DecisionRow
 from service.decision_log import Window, iter_decisions
@@ -47,7 +48,7 @@ def test_export_pages_and_formats_on_postgres(pg_clean: str, tmp_path: Path) -> 
         repository.ensure_arms(sessions, [(arm, None) for arm in ARMS], max_arms=8)
         repository.insert_decisions(sessions, rows)
         for row in rows[::2]:
-            repository.attach_reward(sessions, row.event_id, float(row.slot))
+            reward_rows.attach_reward(sessions, row.event_id, float(row.slot))
         read = list(iter_decisions(sessions, page_size=3))
         window = Window(START + timedelta(milliseconds=1), START + timedelta(milliseconds=3))
         middle = list(iter_decisions(sessions, window, page_size=2))

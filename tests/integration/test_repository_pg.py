@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import text
 
 from service.db import repository
+from service.db import rewards as reward_rows
 from service.db.engine import make_engine, session_factory
 from service.db.tables import CheckpointRow, DecisionRow, utcnow
 from service.errors import Conflict, NotFound
@@ -49,14 +50,14 @@ def test_repository_duplicate_decision_returns_the_first(pg_sessions):
 
 def test_repository_reward_first_value_wins(pg_sessions):
     repository.save_decision(pg_sessions, _decision("e-3"))
-    first = repository.attach_reward(pg_sessions, "e-3", 2.5)
-    repeat = repository.attach_reward(pg_sessions, "e-3", 2.5)
+    first = reward_rows.attach_reward(pg_sessions, "e-3", 2.5)
+    repeat = reward_rows.attach_reward(pg_sessions, "e-3", 2.5)
     assert (first.duplicate, repeat.duplicate, repeat.value) == (False, True, 2.5)
     with pytest.raises(Conflict, match="already has reward 2.5"):
-        repository.attach_reward(pg_sessions, "e-3", 1.0)
+        reward_rows.attach_reward(pg_sessions, "e-3", 1.0)
     with pytest.raises(NotFound, match="e-404"):
-        repository.attach_reward(pg_sessions, "e-404", 1.0)
-    assert repository.count_rewards(pg_sessions) == 1
+        reward_rows.attach_reward(pg_sessions, "e-404", 1.0)
+    assert reward_rows.count_rewards(pg_sessions) == 1
 
 
 def test_repository_arms_take_fresh_slots_and_retire(pg_sessions):
@@ -80,7 +81,7 @@ def test_repository_arms_take_fresh_slots_and_retire(pg_sessions):
 def test_repository_closed_decisions_and_checkpoint_commit_mark_rows(pg_sessions):
     for i in range(4):
         repository.save_decision(pg_sessions, _decision(f"t-{i}"))
-    repository.attach_reward(pg_sessions, "t-1", 1.0)
+    reward_rows.attach_reward(pg_sessions, "t-1", 1.0)
     now = utcnow()
     assert repository.closed_decisions(pg_sessions, now - timedelta(hours=1), 10) == []
     rows = repository.closed_decisions(pg_sessions, now, 10)
@@ -107,8 +108,8 @@ def test_repository_reward_for_a_consumed_decision_is_late(pg_sessions):
     repository.save_decision(pg_sessions, _decision("c-1"))
     repository.save_decision(pg_sessions, _decision("c-2"))
     repository.mark_consumed(pg_sessions, ["c-1"], 1)
-    late = repository.attach_reward(pg_sessions, "c-1", 1.0, window_seconds=60.0)
-    on_time = repository.attach_reward(pg_sessions, "c-2", 1.0, window_seconds=60.0)
+    late = reward_rows.attach_reward(pg_sessions, "c-1", 1.0, window_seconds=60.0)
+    on_time = reward_rows.attach_reward(pg_sessions, "c-2", 1.0, window_seconds=60.0)
     assert (late.late, on_time.late) == (True, False)
     assert [r.reward for r in repository.closed_decisions(pg_sessions, utcnow(), 10)] == [1.0]
 
@@ -141,7 +142,7 @@ def test_repository_reward_waiting_for_a_claim_sees_it(pg_clean):
     answers: list[bool] = []
 
     def post(sessions: Any) -> None:
-        answers.append(repository.attach_reward(sessions, "race", 1.0).late)
+        answers.append(reward_rows.attach_reward(sessions, "race", 1.0).late)
 
     claim = "update decisions set trained_in = 1 where event_id = 'race'"
     assert _lock_then(pg_clean, claim, post) is True

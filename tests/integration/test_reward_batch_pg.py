@@ -13,8 +13,9 @@ import pytest
 from sqlalchemy import text
 
 from service.db import repository
+from service.db import rewards as reward_rows
 from service.db.engine import DatabaseLimits, SessionFactory, make_engine, session_factory
-from service.db.repository import RewardOutcome, RewardPost, Stored
+from service.db.rewards import RewardOutcome, RewardPost, Stored
 from service.errors import Conflict
 from tests.factories import decision_row
 
@@ -76,8 +77,8 @@ def test_reward_batches_of_two_replicas_in_opposite_orders_never_deadlock(replic
         second = [RewardPost(e, 1.0 + i % 2) for i, e in reversed(list(enumerate(ids)))]
         second.append(second[0])
         results = _together(
-            partial(repository.attach_rewards, one, first),
-            partial(repository.attach_rewards, two, second),
+            partial(reward_rows.attach_rewards, one, first),
+            partial(reward_rows.attach_rewards, two, second),
         )
         assert not any(isinstance(r, Exception) for r in results), (round_, results)
         by_event: dict[str, list[Stored]] = {e: [] for e in ids}
@@ -107,7 +108,7 @@ def test_reward_batch_and_a_claim_in_opposite_orders_never_deadlock(replicas) ->
         posts = [RewardPost(e, 1.0) for e in ids]
         claimed = list(reversed(ids))
         results = _together(
-            partial(repository.attach_rewards, api, posts),
+            partial(reward_rows.attach_rewards, api, posts),
             partial(repository.mark_consumed, trainer, claimed, 1, claimed),
         )
         assert not any(isinstance(r, Exception) for r in results), (round_, results)
@@ -126,7 +127,7 @@ def test_reward_batch_waiting_for_a_claim_sees_every_decision_it_consumed(pg_cle
             answers: list[list[Stored]] = []
             posts = [RewardPost("w-1", 1.0), RewardPost("w-2", 1.0)]
             worker = threading.Thread(
-                target=lambda: answers.append(repository.attach_rewards(sessions, posts))
+                target=lambda: answers.append(reward_rows.attach_rewards(sessions, posts))
             )
             worker.start()
             worker.join(0.5)

@@ -10,6 +10,7 @@ import redis
 
 from service.checkpoint_store import CheckpointStore
 from service.db import repository
+from service.db import rewards as reward_rows
 from service.db.engine import make_engine, session_factory
 from service.redis_bus import RedisBus
 from service.settings import Settings
@@ -178,7 +179,7 @@ def test_trainer_consumes_unrewarded_rows_by_the_window_rule(settings, trainer):
     for i in range(6):
         repository.save_decision(sessions, decision_row(f"w-{i}", [0.0, 1.0, float(i)]))
     for i in range(3):
-        repository.attach_reward(sessions, f"w-{i}", 1.0)
+        reward_rows.attach_reward(sessions, f"w-{i}", 1.0)
     report = run.run_once()
     assert (report.rewarded, report.defaulted, report.excluded) == (3, 0, 3)
     with psycopg.connect(settings.database_url) as connection:

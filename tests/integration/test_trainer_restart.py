@@ -14,6 +14,7 @@ import pytest
 from models import load_checkpoint
 from service.checkpoint_store import CheckpointStore
 from service.db import repository
+from service.db import rewards as reward_rows
 from service.db.engine import make_engine, session_factory
 from service.redis_bus import RedisBus
 from service.settings import Settings
@@ -33,7 +34,7 @@ def _log_decisions(sessions, prefix: str, n: int) -> None:
             propensity=0.5,
         )
         repository.save_decision(sessions, row)
-        repository.attach_reward(sessions, f"{prefix}-{i}", float(i % 2))
+        reward_rows.attach_reward(sessions, f"{prefix}-{i}", float(i % 2))
 
 
 def _trainer_env(settings: Settings, **extra: str) -> dict[str, str]:

@@ -27,6 +27,7 @@ from sqlalchemy import Engine, event
 from sqlalchemy import exc as sa_exc
 
 from service.db import faults, repository
+from service.db import rewards as reward_rows
 from service.db.engine import DatabaseLimits
 from service.runtime import Runtime
 from service.settings import Settings
@@ -290,7 +291,7 @@ async def test_service_raw_database_outage_is_a_503_and_a_database_bug_a_500(
     def attach(*_: object) -> None:
         raise raised[-1]
 
-    monkeypatch.setattr(repository, "attach_rewards", attach)
+    monkeypatch.setattr(reward_rows, "attach_rewards", attach)
     body = {"event_id": "any", "value": 1.0}
     async with app_client(sqlite_settings) as (client, _):
         raised.append(_postgres_error(pg.AdminShutdown, sa_exc.OperationalError))

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text
 
 from service import decision_batch
-from service.db import repository
+from service.db import rewards as reward_rows
 from tests.support import app_client
 from tests.support import eventually as _eventually
 
@@ -21,7 +21,7 @@ async def test_a_hung_database_gives_a_503_at_the_deadline_and_the_retry_finds_t
 ):
     settings = sqlite_settings.model_copy(update={"request_deadline_seconds": 0.5})
     release = threading.Event()
-    attach, batch = repository.attach_rewards, decision_batch.DecisionBatch.__call__
+    attach, batch = reward_rows.attach_rewards, decision_batch.DecisionBatch.__call__
 
     def frozen_attach(*args, **kwargs):
         release.wait(10)  # the server answers nothing until released
@@ -34,7 +34,7 @@ async def test_a_hung_database_gives_a_503_at_the_deadline_and_the_retry_finds_t
     async with app_client(settings) as (client, app):
         chosen = await client.post("/v1/select", json={"context": [0.1, 0.2, 0.3, 0.4]})
         event_id = chosen.json()["event_id"]
-        monkeypatch.setattr(repository, "attach_rewards", frozen_attach)
+        monkeypatch.setattr(reward_rows, "attach_rewards", frozen_attach)
         monkeypatch.setattr(decision_batch.DecisionBatch, "__call__", frozen_batch)
         for path, body in (
             ("/v1/reward", {"event_id": event_id, "value": 1.0}),

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text, update
 
 from service.db import repository
+from service.db import rewards as reward_rows
 from service.db.tables import DecisionRow, utcnow
 from service.runtime import Runtime
 from service.settings import Settings
@@ -155,17 +156,17 @@ def test_late_reward_posted_during_a_training_run_is_flagged_at_the_claim(
         repository.insert_decisions(
             sessions, [decision_row("read-bare", [0.0] * 4), decision_row("read-paid", [0.0] * 4)]
         )
-        repository.attach_reward(sessions, "read-paid", 1.0)
+        reward_rows.attach_reward(sessions, "read-paid", 1.0)
         rows = repository.closed_decisions(sessions, utcnow(), 10)
         assert {row.event_id: row.reward for row in rows} == {"read-bare": None, "read-paid": 1.0}
-        during = repository.attach_reward(sessions, "read-bare", 2.0)
+        during = reward_rows.attach_reward(sessions, "read-bare", 2.0)
         assert during.late is False  # nothing consumed it yet
         unrewarded = [row.event_id for row in rows if row.reward is None]
         repository.mark_consumed(sessions, [row.event_id for row in rows], 1, unrewarded)
         with engine.connect() as connection:
             flags = dict(connection.execute(text("select event_id, late from rewards")).all())
         assert {k: bool(v) for k, v in flags.items()} == {"read-bare": True, "read-paid": False}
-        again = repository.attach_reward(sessions, "read-bare", 2.0)
+        again = reward_rows.attach_reward(sessions, "read-bare", 2.0)
         assert (again.duplicate, again.late) == (True, True)
     finally:
         engine.dispose()

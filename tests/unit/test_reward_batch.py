@@ -21,8 +21,9 @@ from sqlalchemy import Engine, event, text, update
 from service import migrate
 from service.batcher import MicroBatcher
 from service.db import repository
+from service.db import rewards as reward_rows
 from service.db.engine import SessionFactory, make_engine, session_factory
-from service.db.repository import RewardPost, Stored
+from service.db.rewards import RewardPost, Stored
 from service.db.tables import DecisionRow, utcnow
 from service.errors import Conflict, NotFound, Unavailable
 from service.rewards import RewardBatch
@@ -74,7 +75,7 @@ class World:
         rows = [decision_row(event_id, [0.0, 1.0]) for event_id in DECIDED]
         repository.insert_decisions(self.sessions, rows)
         for event_id in ("dup", "clash"):
-            repository.attach_reward(self.sessions, event_id, 1.0)
+            reward_rows.attach_reward(self.sessions, event_id, 1.0)
         repository.mark_consumed(self.sessions, ["consumed"], 1)
         with self.sessions() as session, session.begin():
             session.execute(
@@ -103,7 +104,7 @@ def _one_by_one(world: World) -> list[Stored]:
     results: list[Stored] = []
     for event_id, value in POSTS:
         try:
-            results.append(repository.attach_reward(world.sessions, event_id, value, WINDOW))
+            results.append(reward_rows.attach_reward(world.sessions, event_id, value, WINDOW))
         except (NotFound, Conflict) as exc:
             results.append(exc)
     return results
@@ -197,7 +198,7 @@ async def test_service_concurrent_rewards_share_one_transaction(
         update={"checkpoint_poll_seconds": 600, "arm_refresh_seconds": 600}
     )
     entered, release = threading.Event(), threading.Event()
-    attach = repository.attach_rewards
+    attach = reward_rows.attach_rewards
 
     def held(sessions: SessionFactory, posts: list[RewardPost], *args: Any) -> list[Stored]:
         if not entered.is_set():
@@ -217,7 +218,7 @@ async def test_service_concurrent_rewards_share_one_transaction(
             return await submit(post)
 
         monkeypatch.setattr(batcher, "submit", counting)
-        monkeypatch.setattr(repository, "attach_rewards", held)
+        monkeypatch.setattr(reward_rows, "attach_rewards", held)
         tx = Transactions(app.state.runtime.engine)
         posts = [("a", 1.0), ("b", 0.5), ("b", 0.5), ("b", 0.7), ("a", 1.0), ("nope", 1.0)]
         posts.append(("c", 2.0))
