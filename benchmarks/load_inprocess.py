@@ -31,7 +31,7 @@ def seed_checkpoint(settings: Settings, n_data: int, seed: int) -> tuple[int, by
     rewards = (x * weights[arms]).sum(1) + 0.1 * torch.randn(n_data, generator=gen)  # (N,)
     sample = Transitions(x, arms, rewards)
     net = RewardNet(settings.net_config())
-    metrics = fit(net, sample, settings.fit_config(), gen)
+    metrics = fit(net, sample, settings.fit_config(n_data), gen)  # as a trainer run on them
     migrate.upgrade(settings.database_url)
     engine = make_engine(settings.database_url)
     try:

@@ -9,6 +9,7 @@ quarantined: they may come back.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,7 @@ class CheckpointStore:
             size_bytes=len(blob),
             blob=blob if path is None else None,
             path=None if path is None else str(path),
-            metrics=metrics,
+            metrics=_json_safe(metrics),
             rows_trained=rows_trained,
             n_total=n_total,
         )
@@ -183,3 +184,12 @@ def _damage(row: CheckpointRow, blob: bytes) -> str | None:
     if stored.version != row.version:
         return f"the bytes hold version {stored.version}"
     return None
+
+
+def _json_safe(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The metrics with every non-finite number (a NaN loss, an overflowed gradient norm)
+    as null: Postgres's JSON refuses NaN and Infinity, and the row must still commit."""
+    return {
+        key: None if isinstance(value, float) and not math.isfinite(value) else value
+        for key, value in metrics.items()
+    }

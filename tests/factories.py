@@ -5,12 +5,14 @@ from __future__ import annotations
 import torch
 
 from models import (
+    Checkpoint,
     ConvRewardNet,
     ConvRewardNetConfig,
     RegulariserData,
     RewardNet,
     RewardNetConfig,
     Transitions,
+    dump_checkpoint,
 )
 
 IMAGE = (3, 6, 6)  # (C, H, W) image contexts of the CNN tests
@@ -161,3 +163,11 @@ def decision_row(
         ],
         request_hash="x",
     )
+
+
+def checkpoint_blob(version: int) -> bytes:
+    """A small valid checkpoint blob (3 features, 2 arms) whose sample depends on `version`."""
+    net = make_net(3, 2, hidden=(4,))
+    sample = make_transitions(6, 3, 2, seed=version)
+    data = RegulariserData(sample, 6, sample.arms.bincount(minlength=2))
+    return dump_checkpoint(Checkpoint(version, net.config, net.state_dict(), data))

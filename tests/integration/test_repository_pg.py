@@ -15,7 +15,7 @@ from service.db import rewards as reward_rows
 from service.db.engine import make_engine, session_factory
 from service.db.tables import CheckpointRow, DecisionRow, utcnow
 from service.errors import Conflict, NotFound
-from tests.factories import decision_row
+from tests.factories import checkpoint_blob, decision_row
 
 
 def _decision(event_id: str, arm: str = "a", slot: int = 0) -> DecisionRow:
@@ -162,3 +162,17 @@ def test_repository_claim_waiting_for_a_reward_flags_it(pg_clean):
         repository.mark_consumed(sessions, ["race"], 1, ["race"])
 
     assert _lock_then(pg_clean, post, claim) is True
+
+
+def test_a_checkpoint_with_non_finite_metrics_commits_them_as_null(pg_sessions):
+    """Postgres's JSON refuses NaN and Infinity: a run whose loss or gradient norm is not
+    finite must still commit its checkpoint row, with those metrics null."""
+    from service.checkpoint_store import CheckpointStore
+
+    metrics = {"loss": float("nan"), "grad_norm": float("inf"), "steps": 3.0, "rows": 7.0}
+    CheckpointStore(pg_sessions).save(
+        1, checkpoint_blob(1), metrics=metrics, rows_trained=7, n_total=7, consumed=[]
+    )
+    stored = repository.get_checkpoint(pg_sessions, 1)
+    assert stored is not None
+    assert stored.metrics == {"loss": None, "grad_norm": None, "steps": 3.0, "rows": 7.0}

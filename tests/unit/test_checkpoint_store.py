@@ -6,23 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from models import Checkpoint, CheckpointError, RegulariserData, dump_checkpoint
+from models import CheckpointError
 from service import migrate
 from service.checkpoint_store import CheckpointStore, CorruptCheckpoint
 from service.db import repository
 from service.db.engine import make_engine, session_factory
 from service.metrics import ServiceMetrics
-from tests.factories import make_net, make_transitions
+from tests.factories import checkpoint_blob
 
-
-def _blob(version: int) -> bytes:
-    net = make_net(3, 2, hidden=(4,))
-    sample = make_transitions(6, 3, 2, seed=version)
-    data = RegulariserData(sample, 6, sample.arms.bincount(minlength=2))
-    return dump_checkpoint(Checkpoint(version, net.config, net.state_dict(), data))
-
-
-ONE, TWO = _blob(1), _blob(2)
+ONE, TWO = checkpoint_blob(1), checkpoint_blob(2)
 
 
 @pytest.fixture
