@@ -60,6 +60,7 @@ from benchmarks.kernel import Workload
 from benchmarks.load_inprocess import audit_rewards, inprocess_seconds, seed_checkpoint
 from benchmarks.load_report import (
     BATCH_METRIC,
+    TARGET_S,
     Level,
     by_concurrency,
     format_report,
@@ -67,6 +68,7 @@ from benchmarks.load_report import (
     json_safe,
     level_figures,
     parse_metrics,
+    server_count_within,
 )
 from models.presets import PRODUCT
 from models.rofu_config import ESTIMATORS
@@ -293,6 +295,8 @@ async def visit(base_url: str, level: Level, args: argparse.Namespace, rng: rand
     batch_sum, batch_count = histogram_delta(before, after, BATCH_METRIC)
     level.batch_sum += batch_sum
     level.batch_count += batch_count
+    level.server_selects += server_count_within(before, after, "+Inf")
+    level.server_within_target += server_count_within(before, after, f"{TARGET_S}")
 
 
 async def _metrics(client: AsyncRofuClient, workers: int) -> dict[str, float]:

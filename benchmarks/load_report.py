@@ -46,6 +46,21 @@ def histogram_delta(
     return gained("sum"), gained("count")
 
 
+SELECT_LATENCY = (
+    "rofu_http_request_duration_seconds_bucket"
+    '{endpoint="/v1/select",le="%s",method="POST",status="200"}'
+)
+TARGET_S = 0.25  # the p99 target's bound, and a bucket of the server's latency histogram
+
+
+def server_count_within(before: dict[str, float], after: dict[str, float], bound: str) -> float:
+    """/select answers (200) the server timed within `bound` seconds (a bucket's `le`,
+    e.g. "0.25" or "+Inf") between two scrapes: its own clock, from the ASGI call to the
+    last byte handed to the server, without the client's or the socket's share."""
+    key = SELECT_LATENCY % bound
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
 @dataclass
 class Level:
     """What one concurrency measured over all its visits (latencies in seconds)."""
@@ -60,6 +75,8 @@ class Level:
     batch_sum: float = 0.0
     batch_count: float = 0.0
     acked: dict[str, float] = field(default_factory=dict)  # event_id -> acknowledged reward
+    server_selects: float = 0.0  # /select the server timed (one worker only)
+    server_within_target: float = 0.0  # of which within TARGET_S
 
     @property
     def mean_batch(self) -> float | None:
@@ -90,6 +107,13 @@ def level_figures(level: Level, inproc: dict[int, float]) -> dict[str, Any]:
         "reward_p99_ms": 1e3 * percentile(level.reward, 99),
         "policies": level.policies,
         "mean_batch": level.mean_batch,
+        # The share of /select slower than 250 ms by the server's own clock (None with
+        # several workers): the client's p99 also holds the load generator's waits.
+        "server_over_250ms_share": (
+            1.0 - level.server_within_target / level.server_selects
+            if level.server_selects
+            else None
+        ),
         "inproc_batch": batch,
         "http_ms_per_decision": 1e3 * per_decision,
         "inproc_ms_per_decision": 1e3 * inproc[batch] / batch,
@@ -134,16 +158,23 @@ def format_report(result: dict[str, Any]) -> str:
         + ("; mean batch n/a: each worker process has its own metrics" if multi else ""),
         "",
         f"{'conc':>5} {'selects':>7} {'err':>4} {'select/s':>9} {'p50 ms':>8} {'p99 ms':>8}"
-        f" | {'rewards':>7} {'err':>4} {'p50 ms':>8} {'p99 ms':>8} | {'mean batch':>10}",
+        f" | {'rewards':>7} {'err':>4} {'p50 ms':>8} {'p99 ms':>8} | {'mean batch':>10}"
+        f" {'server >250ms':>13}",
     ]
     for r in rows:
         batch = "n/a" if r["mean_batch"] is None else f"{r['mean_batch']:.2f}"
+        over = r.get("server_over_250ms_share")
         lines.append(
             f"{r['concurrency']:>5} {r['selects']:>7} {r['select_errors']:>4} "
             f"{r['select_per_s']:>9.1f} {r['select_p50_ms']:>8.2f} {r['select_p99_ms']:>8.2f}"
             f" | {r['rewards']:>7} {r['reward_errors']:>4} {r['reward_p50_ms']:>8.2f} "
-            f"{r['reward_p99_ms']:>8.2f} | {batch:>10}"
+            f"{r['reward_p99_ms']:>8.2f} | {batch:>10} "
+            f"{'n/a' if over is None else f'{100 * over:.2f}%':>13}"
         )
+    lines.append(
+        "server >250ms: the share of /select the server itself timed over 250 ms (one "
+        "worker only); the client's p99 also holds the load generator's own waits."
+    )
     lines += ["", f"in-process rofu_scores, same checkpoint, median of {result['repeats']}:"]
     for b, s in result["inproc_seconds"].items():
         lines.append(f"  batch {b:>4}: {1e3 * s:8.2f} ms/batch  {1e3 * s / b:8.3f} ms/decision")

@@ -221,3 +221,21 @@ def test_load_audit_rewards_finds_lost_doubled_and_wrong_rewards(tmp_path):
         "unacknowledged_stored": 1,
     }
     assert load_inprocess.audit_rewards(url, {"a": 1.0, "b": 2.0, "d": 4.0})["missing"] == 0
+
+
+def test_server_share_over_the_p99_bound_comes_from_the_latency_histogram() -> None:
+    def scrape(within: float, total: float) -> dict[str, float]:
+        return {
+            load_report.SELECT_LATENCY % "0.25": within,
+            load_report.SELECT_LATENCY % "+Inf": total,
+            load_report.SELECT_LATENCY.replace("/v1/select", "/v1/reward") % "+Inf": 99.0,
+        }
+
+    before, after = scrape(10.0, 10.0), scrape(207.0, 210.0)  # 200 more, 3 of them slow
+    assert load_report.server_count_within(before, after, "+Inf") == 200.0
+    assert load_report.server_count_within(before, after, "0.25") == 197.0
+    level = _level()
+    assert load_report.level_figures(level, {1: 0.010, 3: 0.015})["server_over_250ms_share"] is None
+    level.server_selects, level.server_within_target = 200.0, 197.0
+    row = load_report.level_figures(level, {1: 0.010, 3: 0.015})
+    assert row["server_over_250ms_share"] == pytest.approx(0.015)
