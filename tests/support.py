@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -393,3 +394,23 @@ def migration_0007_round_trip(url: str) -> None:
                 assert all(value is None for value in row[1:])
     finally:
         engine.dispose()
+
+
+def together(*work: Callable[[], Any]) -> list[Any]:
+    """Run each function in its own thread, released at once (a barrier); their results, or
+    the exceptions they raised, in order."""
+    start, results = threading.Barrier(len(work)), [None] * len(work)
+
+    def run(i: int) -> None:
+        start.wait()
+        try:
+            results[i] = work[i]()
+        except Exception as exc:  # the caller reports it
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(work))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return results

@@ -5,9 +5,8 @@ orders, or a batch and a trainer's claim, never deadlock; the first value wins o
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
-from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -18,6 +17,7 @@ from service.db.engine import DatabaseLimits, SessionFactory, make_engine, sessi
 from service.db.rewards import RewardOutcome, RewardPost, Stored
 from service.errors import Conflict
 from tests.factories import decision_row
+from tests.support import together
 
 EVENTS = [f"ev-{i:02d}" for i in range(12)]
 ROUNDS = 8
@@ -41,25 +41,6 @@ def _decide(sessions: SessionFactory, prefix: str) -> list[str]:
     return ids
 
 
-def _together(*work: Callable[[], Any]) -> list[Any]:
-    """Run each function in its own thread, released at once; their results or errors."""
-    start, results = threading.Barrier(len(work)), [None] * len(work)
-
-    def run(i: int) -> None:
-        start.wait()
-        try:
-            results[i] = work[i]()
-        except Exception as exc:  # reported below, with the round
-            results[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(work))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    return results
-
-
 def _rows(sessions: SessionFactory, prefix: str) -> dict[str, tuple[float, int, bool]]:
     query = text("select event_id, value, repeats, late from rewards where event_id like :p")
     with sessions() as session:
@@ -76,7 +57,7 @@ def test_reward_batches_of_two_replicas_in_opposite_orders_never_deadlock(replic
         first = [RewardPost(e, 1.0) for e in ids]
         second = [RewardPost(e, 1.0 + i % 2) for i, e in reversed(list(enumerate(ids)))]
         second.append(second[0])
-        results = _together(
+        results = together(
             partial(reward_rows.attach_rewards, one, first),
             partial(reward_rows.attach_rewards, two, second),
         )
@@ -107,7 +88,7 @@ def test_reward_batch_and_a_claim_in_opposite_orders_never_deadlock(replicas) ->
         ids = _decide(api, f"c{round_}")
         posts = [RewardPost(e, 1.0) for e in ids]
         claimed = list(reversed(ids))
-        results = _together(
+        results = together(
             partial(reward_rows.attach_rewards, api, posts),
             partial(repository.mark_consumed, trainer, claimed, 1, claimed),
         )
