@@ -31,7 +31,7 @@ __all__ = ["RewardBatch", "RewardBatcher", "RewardOutcome", "RewardPost", "recor
 
 class RewardBatch:
     """The micro-batcher's handler for rewards: a batch in one transaction, each post
-    with its own outcome or error (`reward_rows.attach_rewards`); a database failure
+    with its own outcome or error (`service.db.rewards.attach_rewards`); a database failure
     fails every post of the batch.
 
     Args:

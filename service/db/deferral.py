@@ -1,7 +1,7 @@
 """Deferred decisions in the database: activating one, and expiring those never activated.
 
 A decision logged with `"defer": true` is trained on only once activated within its
-window. The activation takes the same row lock as a reward (`reward_rows.attach_reward`):
+window. The activation takes the same row lock as a reward (`service.db.rewards`):
 a trainer's claim either came first, and the activation sees it and is late, or comes
 after, and `expire_unactivated` leaves the activated decision for the next run.
 """
