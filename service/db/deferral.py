@@ -17,7 +17,8 @@ from sqlalchemy import CursorResult, or_, update
 from sqlalchemy.orm import Session
 
 from service.db.engine import SessionFactory
-from service.db.repository import database_errors, lock_decisions, misses_training
+from service.db.locking import lock_decisions
+from service.db.repository import database_errors, misses_training
 from service.db.tables import DecisionRow, utcnow
 from service.errors import NotFound
 

@@ -9,14 +9,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import CursorResult, Select, and_, func, select, update
+from sqlalchemy import CursorResult, and_, func, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, defer
-from sqlalchemy.sql import ColumnElement
 
 from service.db import faults
 from service.db.engine import SessionFactory
+from service.db.locking import lock_decisions
 from service.db.tables import ArmRow, CheckpointRow, DecisionRow, ModelPinRow, RewardRow, utcnow
 from service.errors import Conflict, NotFound
 
@@ -82,34 +82,6 @@ def save_decision(sessions: SessionFactory, row: DecisionRow) -> tuple[DecisionR
             raise
         return existing, False
     return row, True
-
-
-LOCK_CHUNK = 4096  # ids per locking query: the largest ROFU_BATCH_MAX_SIZE, so a batch takes one
-
-
-def in_lock_order(session: Session, event_ids: Collection[str]) -> Iterator[Select[DecisionRow]]:
-    """Queries that select the decisions of `event_ids` and lock them (Postgres; SQLite
-    ignores `FOR UPDATE`) in the one order every transaction locking several decisions
-    takes them: by the ids' bytes, `LOCK_CHUNK` to a query. So no two such transactions
-    can wait for each other (a deadlock)."""
-    key: ColumnElement[str] = DecisionRow.event_id.expression
-    if session.get_bind().dialect.name == "postgresql":
-        key = key.collate("C")  # Python's order of the ids, whatever the database's collation
-    ids = sorted(set(event_ids))
-    for start in range(0, len(ids), LOCK_CHUNK):
-        chunk = ids[start : start + LOCK_CHUNK]
-        query = select(DecisionRow).where(DecisionRow.event_id.in_(chunk))
-        yield query.order_by(key).with_for_update()
-
-
-def lock_decisions(session: Session, event_ids: Collection[str]) -> None:
-    """Lock the decisions of `event_ids` in the lock order (`in_lock_order`) before a
-    statement that updates several of them. Postgres only: SQLite has no row locks, and a
-    claim's first statement there must be its write (`commit_checkpoint`)."""
-    if session.get_bind().dialect.name != "postgresql":
-        return
-    for query in in_lock_order(session, event_ids):
-        session.execute(query.with_only_columns(DecisionRow.event_id)).all()
 
 
 # Rewards (stored by `service.db.rewards`) ------------------------------------------
@@ -342,7 +314,7 @@ def _claim(
     `unrewarded` ones since the run read them. A reward post locks its decision
     (`service.db.rewards`), so it either waits for this claim and sees it, or committed
     before the second statement here, which then sees the reward. The decisions are locked first,
-    in the lock order of a batch of rewards (`in_lock_order`): no deadlock with one."""
+    in the lock order of a batch of rewards (`service.db.locking`): no deadlock with one."""
     lock_decisions(session, consumed)
     claimed = 0
     for start in range(0, len(consumed), 500):

@@ -12,7 +12,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.db.engine import SessionFactory
-from service.db.repository import database_errors, in_lock_order, misses_training
+from service.db.locking import in_lock_order
+from service.db.repository import database_errors, misses_training
 from service.db.tables import DecisionRow, RewardRow
 from service.errors import Conflict, NotFound
 

@@ -10,7 +10,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import migrate
-from service.db.engine import make_engine
+from service.db.engine import DatabaseLimits, SessionFactory, make_engine, session_factory
 from tests.support import require_postgres, reset_postgres
 
 TABLES = ("model_pin", "rewards", "decisions", "arms", "checkpoints", "trainer_lease")
@@ -56,3 +56,14 @@ def pg_clean(pg_url: str) -> str:
     with psycopg.connect(pg_url, autocommit=True) as connection:
         connection.execute(f"truncate {', '.join(TABLES)} restart identity cascade")
     return pg_url
+
+
+@pytest.fixture
+def two_engines(pg_clean: str) -> Iterator[tuple[SessionFactory, SessionFactory]]:
+    """Two session factories on engines of their own (two replicas, or a replica and the
+    trainer), bounded as the services' are: a lock wait gives up after 2 s and a deadlock
+    is detected after 1 s, either failing a call."""
+    engines = [make_engine(pg_clean, DatabaseLimits()) for _ in range(2)]
+    yield session_factory(engines[0]), session_factory(engines[1])
+    for engine in engines:
+        engine.dispose()

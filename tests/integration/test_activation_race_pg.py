@@ -6,29 +6,18 @@ both, never neither, and never a deadlock."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import text
 
 from service.db import deferral, repository
-from service.db.engine import DatabaseLimits, SessionFactory, make_engine, session_factory
+from service.db.engine import SessionFactory
 from service.db.tables import DecisionRow
 from tests.factories import decision_row
 from tests.support import together
 
 EVENTS = 60
 ROUNDS = 6
-
-
-@pytest.fixture
-def api_and_trainer(pg_clean: str) -> Iterator[tuple[SessionFactory, SessionFactory]]:
-    """Two session factories on engines of their own, bounded as the services' are (a lock
-    wait gives up after 2 s, a deadlock is detected after 1 s: either fails a call)."""
-    engines = [make_engine(pg_clean, DatabaseLimits()) for _ in range(2)]
-    yield session_factory(engines[0]), session_factory(engines[1])
-    for engine in engines:
-        engine.dispose()
 
 
 def _deferred(sessions: SessionFactory, prefix: str) -> list[str]:
@@ -55,9 +44,9 @@ def _state(sessions: SessionFactory, prefix: str) -> dict[str, tuple[int | None,
 
 @pytest.mark.parametrize("round_", range(ROUNDS))
 def test_activations_racing_an_expiry_leave_every_decision_in_one_consistent_state(
-    api_and_trainer, round_: int
+    two_engines, round_: int
 ) -> None:
-    api, trainer = api_and_trainer
+    api, trainer = two_engines
     prefix = f"r{round_}"
     ids = _deferred(api, prefix)
     order = list(ids)

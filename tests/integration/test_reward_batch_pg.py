@@ -5,15 +5,13 @@ orders, or a batch and a trainer's claim, never deadlock; the first value wins o
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from functools import partial
 
-import pytest
 from sqlalchemy import text
 
 from service.db import repository
 from service.db import rewards as reward_rows
-from service.db.engine import DatabaseLimits, SessionFactory, make_engine, session_factory
+from service.db.engine import SessionFactory, make_engine, session_factory
 from service.db.rewards import RewardOutcome, RewardPost, Stored
 from service.errors import Conflict
 from tests.factories import decision_row
@@ -21,16 +19,6 @@ from tests.support import together
 
 EVENTS = [f"ev-{i:02d}" for i in range(12)]
 ROUNDS = 8
-
-
-@pytest.fixture
-def replicas(pg_clean: str) -> Iterator[tuple[SessionFactory, SessionFactory]]:
-    """Two session factories on engines of their own, bounded as the API's are (a lock
-    wait gives up after 2 s, a deadlock is detected after 1 s: either fails a batch)."""
-    engines = [make_engine(pg_clean, DatabaseLimits()) for _ in range(2)]
-    yield session_factory(engines[0]), session_factory(engines[1])
-    for engine in engines:
-        engine.dispose()
 
 
 def _decide(sessions: SessionFactory, prefix: str) -> list[str]:
@@ -48,8 +36,8 @@ def _rows(sessions: SessionFactory, prefix: str) -> dict[str, tuple[float, int, 
     return {event_id: (value, repeats, late) for event_id, value, repeats, late in rows}
 
 
-def test_reward_batches_of_two_replicas_in_opposite_orders_never_deadlock(replicas) -> None:
-    one, two = replicas
+def test_reward_batches_of_two_replicas_in_opposite_orders_never_deadlock(two_engines) -> None:
+    one, two = two_engines
     for round_ in range(ROUNDS):
         ids = _decide(one, f"r{round_}")
         # replica one posts 1.0 to every event; two posts 1.0 to the even ones and 2.0 to
@@ -80,10 +68,10 @@ def test_reward_batches_of_two_replicas_in_opposite_orders_never_deadlock(replic
             assert len(duplicates) + len(conflicts) == len(outcomes) - 1
 
 
-def test_reward_batch_and_a_claim_in_opposite_orders_never_deadlock(replicas) -> None:
+def test_reward_batch_and_a_claim_in_opposite_orders_never_deadlock(two_engines) -> None:
     """The run read every decision without a reward: whichever commits first, each
     reward ends up late (stored after the claim, or flagged by it), and both succeed."""
-    api, trainer = replicas
+    api, trainer = two_engines
     for round_ in range(ROUNDS):
         ids = _decide(api, f"c{round_}")
         posts = [RewardPost(e, 1.0) for e in ids]
