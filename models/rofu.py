@@ -48,6 +48,7 @@ from models.rofu_config import (
 from models.rofu_exact import ExactAscent
 from models.rofu_functional import FunctionalAscent
 from models.rofu_ntk import NtkBasis, features, ntk_gains, prepare_ntk
+from models.rofu_stability import resolve_step
 from models.scores import Scores
 from models.validation import (
     check_choice,
@@ -103,7 +104,9 @@ def rofu_scores(
             parameters unless `params` is given).
         contexts: (B, *context_shape) contexts: (B, D) for an MLP, (B, C, H, W) images.
         data: the regulariser's data sample with |D| and per-arm counts.
-        config: ROFU hyper-parameters (`config.estimator` picks exact or ntk).
+        config: ROFU hyper-parameters (`config.estimator` picks exact or ntk). With a
+            `stability_cap`, the step is resolved here (`models.rofu_stability`); pass
+            `checkpoint_config`'s result to resolve it once per checkpoint.
         generator: draws the regulariser minibatches (CPU generator); not used by `ntk`
             when `basis` is given.
         candidates: (B, A) bool, pairs to score; None scores every arm.
@@ -135,6 +138,8 @@ def rofu_scores(
     _check_pair_features(net, pair_features, mask.shape)
     if arm_features is not None:
         arm_features = arm_features.to(device, dtype)
+    if config.stability_cap is not None:  # callers that score a checkpoint often resolve once
+        config = resolve_step(net, data, config, theta, arm_features)
     batch_idx, arms = mask.nonzero(as_tuple=True)  # (P,), (P,)
     weights = regulariser_weights(data, arms, config).to(device, dtype)  # (P,)
     table, rows = _query_rows(net, arm_features, pair_features, batch_idx, arms)
@@ -239,6 +244,28 @@ def ntk_basis(
         arm_features = arm_features.to(device, dtype)
     with torch.no_grad(), evaluating(net):
         return prepare_ntk(net, theta, data, config, generator, arm_features)
+
+
+def checkpoint_config(
+    net: RewardModel,
+    data: RegulariserData,
+    config: RofuConfig,
+    *,
+    arm_features: Tensor | None = None,
+    params: Params | None = None,
+) -> RofuConfig:
+    """The configuration a checkpoint is scored with: `config` itself, or with a
+    `stability_cap` the step it resolves to at these parameters and data
+    (`models.rofu_stability`). Resolve once per checkpoint and score with the result."""
+    if config.stability_cap is None:
+        return config
+    theta = _parameters(net, params)
+    device, dtype = next(iter(theta.values())).device, next(iter(theta.values())).dtype
+    dummy = torch.zeros(0, *net.context_shape, dtype=dtype)
+    _, arm_features, _ = _validated(net, dummy, data, None, arm_features)
+    if arm_features is not None:
+        arm_features = arm_features.to(device, dtype)
+    return resolve_step(net, data, config, theta, arm_features)
 
 
 def _bonus(gain: Tensor, config: RofuConfig) -> Tensor:

@@ -52,6 +52,10 @@ class RofuConfig:
         exploration_floor: eps, the weight of a uniform choice mixed into the rule's, so
             every candidate keeps probability >= eps / K (0: none).
         igw_gamma: gamma of `igw`: an arm gap below the best UCB gets 1 / (K + gamma gap).
+        stability_cap: None (the paper's fixed step) or the largest rho = kappa * L the
+            ascent may run at, L the regulariser's curvature at the checkpoint
+            (`models.rofu_stability`): the step is cut to cap / L where it exceeds it.
+            Past rho = 2 the steps diverge; 1 keeps them monotone.
     """
 
     steps: int = 5
@@ -68,6 +72,7 @@ class RofuConfig:
     selection: str = "argmax"
     exploration_floor: float = 0.0
     igw_gamma: float = 100.0
+    stability_cap: float | None = None
 
     def __post_init__(self) -> None:
         check_int("steps", self.steps, low=0)
@@ -84,6 +89,8 @@ class RofuConfig:
         check_choice("baseline", self.baseline, BASELINES)
         check_choice("estimator", self.estimator, ESTIMATORS)
         SelectionRule(self.selection, self.exploration_floor, self.igw_gamma)  # checks them
+        if self.stability_cap is not None:
+            check_float("stability_cap", self.stability_cap, low=0.0, low_open=True)
 
     @property
     def rule(self) -> SelectionRule:

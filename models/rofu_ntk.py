@@ -250,6 +250,27 @@ def prepare_ntk(
 ) -> NtkBasis:
     """The basis for one checkpoint: draws the M minibatches from `generator` as the exact
     estimator does, then the rows' features, residuals and kernel blocks."""
+    rows, residual, offsets = step_rows(net, theta, data, config, generator, arm_features)
+    if len(offsets) == 2:  # the whole sample at every step (or M = 1: no block is read)
+        gram: tuple[Tensor, ...] = (rows.kernel(rows) if config.steps > 1 else rows.value[:0],)
+    else:  # only the blocks the steps use: rows of step e against those of steps < e
+        gram = tuple(
+            rows.slice(0, lo).kernel(rows.slice(lo, hi)) for lo, hi in itertools.pairwise(offsets)
+        )
+    return NtkBasis(rows, residual, offsets, gram)
+
+
+def step_rows(
+    net: nn.Module,
+    theta: Params,
+    data: RegulariserData,
+    config: RofuConfig,
+    generator: torch.Generator,
+    arm_features: Tensor | None,
+) -> tuple[Features, Tensor, tuple[int, ...]]:
+    """The rows the M steps use, drawn from `generator` as the exact estimator draws them,
+    stacked: their features, their residuals f(theta) - r, (R,), and the entry offsets
+    (one entry when every step uses the whole sample, else one per step)."""
     device, dtype = next(iter(theta.values())).device, next(iter(theta.values())).dtype
     sample = data.sample.to(device, dtype)
     steps = minibatch_indices(len(sample), config, generator)
@@ -261,13 +282,7 @@ def prepare_ntk(
         offsets = tuple(steps.shape[1] * e for e in range(steps.shape[0] + 1))
     index, table = feature_rows(parts.arms, parts.features, arm_features)
     rows = features(net, theta, parts.x, index, table)
-    if steps is None:
-        gram: tuple[Tensor, ...] = (rows.kernel(rows) if config.steps > 1 else rows.value[:0],)
-    else:  # only the blocks the steps use: rows of step e against those of steps < e
-        gram = tuple(
-            rows.slice(0, lo).kernel(rows.slice(lo, hi)) for lo, hi in itertools.pairwise(offsets)
-        )
-    return NtkBasis(rows, rows.value - parts.rewards, offsets, gram)
+    return rows, rows.value - parts.rewards, offsets
 
 
 def ntk_gains(

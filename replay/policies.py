@@ -178,6 +178,7 @@ VARIANT_KEYS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "floor": ("rofu", "exploration_floor", float),
     "select": ("rofu", "selection", str),
     "gamma": ("rofu", "igw_gamma", float),
+    "cap": ("rofu", "stability_cap", float),
     "fit_steps": ("fit", "steps", int),
     "fit_lr": ("fit", "lr", float),
     "fit_opt": ("fit", "optimizer", str),

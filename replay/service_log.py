@@ -17,7 +17,7 @@ import torch
 
 from models import rofu_scores
 from models.checkpoint import CheckpointError
-from models.rofu import ntk_basis
+from models.rofu import checkpoint_config, ntk_basis
 from service.apprentice import APPRENTICE
 from service.catalogue import Catalogue, CatalogueCache
 from service.checkpoint_store import CheckpointStore
@@ -187,10 +187,13 @@ def checkpoint_scores(
         EvaluationError: no such checkpoint, or it does not fit the settings' network.
     """
     snapshot = _snapshot(settings, sessions, version)
-    config = settings.rofu_config()
     features = None
     if settings.arm_feature_dim:
         features = log.catalogue.feature_table(settings.arm_feature_dim)
+    # the step the service resolved for this checkpoint (service.scoring)
+    config = checkpoint_config(
+        snapshot.net, snapshot.data, settings.rofu_config(), arm_features=features
+    )
     width = snapshot.net.config.n_arms or log.n_slots
     basis = None
     if config.estimator == "ntk":

@@ -13,6 +13,7 @@ log.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ import torch
 
 from models import RofuConfig, Scores, rofu_scores
 from models.policies.base import rofu_decide
-from models.rofu import NtkBasis, ntk_basis
+from models.rofu import NtkBasis, checkpoint_config, ntk_basis
 from models.rofu_graphs import GraphedExact
 from models.scores import ArmScore, Decision
 from service.catalogue import Arm, CatalogueCache
@@ -75,6 +76,16 @@ class SelectJob:
 
 
 @dataclass(frozen=True)
+class _Prepared:
+    """What a checkpoint (and arm feature table) is scored with, prepared once: its
+    configuration, the step resolved, and the NTK basis or the CUDA graphs, if any."""
+
+    config: RofuConfig
+    basis: NtkBasis | None = None
+    graphs: GraphedExact | None = None
+
+
+@dataclass(frozen=True)
 class SelectOutcome:
     """The choice for one job and what it was made from."""
 
@@ -105,8 +116,9 @@ class Scorer:
         self._arm_feature_dim = arm_feature_dim
         self._seed = seed
         self._cuda_graphs = cuda_graphs
-        # Built once per checkpoint and arm feature table: the NTK basis, or CUDA graphs.
-        self._cache: tuple[tuple[str, bytes] | None, object | None] = (None, None)
+        # Built once per checkpoint and arm feature table: the step it runs (a
+        # stability_cap resolved) and the NTK basis, or CUDA graphs.
+        self._cache: tuple[tuple[str, bytes] | None, _Prepared | None] = (None, None)
 
     def __call__(self, jobs: list[SelectJob]) -> list[SelectOutcome | None]:
         """Score and choose for every job (runs in the batcher's worker thread).
@@ -165,12 +177,12 @@ class Scorer:
                 return graphed(contexts, generator, mask)
             except RuntimeError:  # e.g. a capture the driver refuses: stay eager for it
                 log.warning("CUDA graph replay failed; scoring eagerly", exc_info=True)
-                self._cache = (self._cache[0], None)
+                self._drop_graphs()
         return rofu_scores(
             snapshot.net,
             contexts,
             snapshot.data,
-            self._config,
+            self.config_for(snapshot, features),
             generator,
             candidates=mask,
             arm_features=features,
@@ -178,37 +190,50 @@ class Scorer:
             basis=self.basis(snapshot, features),
         )
 
-    def _cached(self, snapshot: Snapshot, features: torch.Tensor | None) -> object | None:
-        """What was built for this checkpoint and arm feature table, if anything."""
+    def _cached(self, snapshot: Snapshot, features: torch.Tensor | None) -> _Prepared:
+        """What was prepared for this checkpoint and arm feature table."""
         table = b"" if features is None else features.cpu().numpy().tobytes()
         key = (snapshot.checksum, table)
-        if self._cache[0] != key:
-            self._cache = (key, self._build(snapshot, features))
-        return self._cache[1]
+        prepared = self._cache[1]
+        if self._cache[0] != key or prepared is None:
+            prepared = self._build(snapshot, features)
+            self._cache = (key, prepared)
+        return prepared
 
-    def _build(self, snapshot: Snapshot, features: torch.Tensor | None) -> object | None:
+    def _build(self, snapshot: Snapshot, features: torch.Tensor | None) -> _Prepared:
         on_cuda = next(snapshot.net.parameters()).device.type == "cuda"
-        config = self._config
+        config = checkpoint_config(
+            snapshot.net, snapshot.data, self._config, arm_features=features
+        )
         if config.estimator == "ntk":
             # Minibatches from a generator seeded by the version: every replica serving a
             # version holds the same basis.
             generator = checkpoint_generator(self._seed, snapshot.version)
-            return ntk_basis(snapshot.net, snapshot.data, config, generator, arm_features=features)
+            basis = ntk_basis(snapshot.net, snapshot.data, config, generator, arm_features=features)
+            return _Prepared(config, basis)
         if on_cuda and self._cuda_graphs:
             try:
-                return GraphedExact(snapshot.net, snapshot.data, config, arm_features=features)
+                graphs = GraphedExact(snapshot.net, snapshot.data, config, arm_features=features)
+                return _Prepared(config, graphs=graphs)
             except ValueError:  # a setting it cannot capture (drift with l2): stay eager
-                return None
-        return None
+                pass
+        return _Prepared(config)
+
+    def _drop_graphs(self) -> None:
+        prepared = self._cache[1]
+        if prepared is not None:
+            self._cache = (self._cache[0], dataclasses.replace(prepared, graphs=None))
+
+    def config_for(self, snapshot: Snapshot, features: torch.Tensor | None) -> RofuConfig:
+        """The configuration this checkpoint is scored with (its step resolved once)."""
+        return self._cached(snapshot, features).config
 
     def basis(self, snapshot: Snapshot, features: torch.Tensor | None) -> NtkBasis | None:
         """The `ntk` estimator's basis for this checkpoint (and arm features), built once."""
-        built = self._cached(snapshot, features)
-        return built if isinstance(built, NtkBasis) else None
+        return self._cached(snapshot, features).basis
 
     def _graphed(self, snapshot: Snapshot, features: torch.Tensor | None) -> GraphedExact | None:
-        built = self._cached(snapshot, features)
-        return built if isinstance(built, GraphedExact) else None
+        return self._cached(snapshot, features).graphs
 
     def _outcome(
         self,

@@ -94,6 +94,11 @@ class Settings(BaseSettings):
     selection: Literal["argmax", "igw"] = "argmax"
     exploration_floor: Annotated[float, Field(ge=0, le=1)] = PRODUCT.rofu.exploration_floor
     igw_gamma: Annotated[float, Field(ge=0, allow_inf_nan=False)] = PRODUCT.rofu.igw_gamma
+    # The largest rho = step x the regulariser's curvature the ascent may run at; the step
+    # is cut per checkpoint to keep within it (models.rofu_stability). None: a fixed step.
+    stability_cap: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = (
+        PRODUCT.rofu.stability_cap
+    )
     # With `exact` on a CUDA device: replay the estimator from CUDA graphs captured per
     # batch-size bucket (models.rofu_graphs); false: launch its kernels one by one.
     cuda_graphs: bool = True
@@ -281,6 +286,7 @@ class Settings(BaseSettings):
             selection=self.selection,
             exploration_floor=self.exploration_floor,
             igw_gamma=self.igw_gamma,
+            stability_cap=self.stability_cap,
         )
 
     def fit_config(self, new_rows: int = 0) -> FitConfig:
@@ -359,6 +365,7 @@ def preset_settings(preset: RofuPreset) -> dict[str, Any]:
                 "selection",
                 "exploration_floor",
                 "igw_gamma",
+                "stability_cap",
             )
         },
         "fit_steps_per_row": preset.fit_steps_per_row,

@@ -21,7 +21,7 @@ from models.policies.base import (
 from models.policies.params import EpsilonGreedyParams, NeuralUCBParams
 from models.presets import PRODUCT
 from models.reward_model import RewardModel, RewardModelConfig
-from models.rofu import NtkBasis, RofuConfig, ntk_basis, rofu_scores
+from models.rofu import NtkBasis, RofuConfig, checkpoint_config, ntk_basis, rofu_scores
 from models.scores import Decision, Scores
 from models.training import FitConfig, TrainSchedule, fit, make_optimizer
 from models.validation import check_float_tensor, check_int
@@ -233,9 +233,9 @@ class RofuPolicy(NeuralPolicy[RofuConfig]):
     Params: a `RofuConfig`. Defaults: the product preset's estimator and schedule
     (`models.presets.PRODUCT`). Decisions follow `rofu_decide` with the params' selection
     rule (`RofuConfig.rule`: argmax or igw, and the exploration floor), as the service's
-    do: with no data yet the choice is uniform. With the `ntk` estimator the basis is prepared once
-    per refit (per checkpoint, as the service does), from the rows held then; |D| and the
-    arm counts stay current.
+    do: with no data yet the choice is uniform. The step (with a `stability_cap`) and, with
+    the `ntk` estimator, the basis are prepared once per refit (per checkpoint, as the
+    service does), from the rows held then; |D| and the arm counts stay current.
     """
 
     name = "ROFU"
@@ -245,6 +245,7 @@ class RofuPolicy(NeuralPolicy[RofuConfig]):
 
     def _setup(self, seed: int) -> None:
         self._basis: NtkBasis | None = None
+        self._scoring: RofuConfig | None = None  # the checkpoint's resolved step
 
     @property
     def rofu(self) -> RofuConfig:
@@ -252,8 +253,8 @@ class RofuPolicy(NeuralPolicy[RofuConfig]):
         return self.params
 
     def train(self) -> dict[str, float]:
-        """Refit the network; a prepared NTK basis belongs to the old weights."""
-        self._basis = None
+        """Refit the network; a prepared NTK basis and step belong to the old weights."""
+        self._basis, self._scoring = None, None
         return super().train()
 
     def select(self, contexts: Tensor, candidates: Tensor | None = None) -> Decision:
@@ -262,6 +263,10 @@ class RofuPolicy(NeuralPolicy[RofuConfig]):
         if len(self.buffer) == 0:
             return rofu_decide(None, mask, self.generator, rule=self.rofu.rule)
         data = self.buffer.regulariser_data(self.n_arms)
+        if self._scoring is None:
+            self._scoring = checkpoint_config(
+                self.net, data, self.rofu, arm_features=self.arm_features
+            )
         if self.rofu.estimator == "ntk" and self._basis is None:
             self._basis = ntk_basis(
                 self.net, data, self.rofu, self.generator, arm_features=self.arm_features
@@ -270,7 +275,7 @@ class RofuPolicy(NeuralPolicy[RofuConfig]):
             self.net,
             contexts,
             data,
-            self.rofu,
+            self._scoring,
             self.generator,
             candidates=mask,
             arm_features=self.arm_features,
