@@ -37,7 +37,7 @@ CURVATURE_SEED = 20_211_209
 #: Power iteration on K stops when its estimate moves by less than this fraction, or after
 #: POWER_STEPS steps. K is dominated by the rows' common gradient direction, so it
 #: converges in a few steps; every estimate is a lower bound on lambda_max.
-POWER_TOLERANCE = 1e-4
+POWER_TOLERANCE = 1e-5
 POWER_STEPS = 64
 
 

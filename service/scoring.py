@@ -202,9 +202,7 @@ class Scorer:
 
     def _build(self, snapshot: Snapshot, features: torch.Tensor | None) -> _Prepared:
         on_cuda = next(snapshot.net.parameters()).device.type == "cuda"
-        config = checkpoint_config(
-            snapshot.net, snapshot.data, self._config, arm_features=features
-        )
+        config = checkpoint_config(snapshot.net, snapshot.data, self._config, arm_features=features)
         if config.estimator == "ntk":
             # Minibatches from a generator seeded by the version: every replica serving a
             # version holds the same basis.

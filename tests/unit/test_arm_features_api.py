@@ -218,11 +218,15 @@ async def test_the_log_and_its_exports_show_the_named_context_and_arm_features_u
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("cap", [None, 1e-3], ids=["fixed step", "stability cap"])
 async def test_evaluation_rescores_the_log_with_each_requests_own_arm_features(
-    settings: Settings,
+    settings: Settings, cap: float | None
 ):
+    """`rofu evaluate` rescores what was served, with a stability cap too: the step it
+    resolves for the checkpoint is the service's."""
     from replay.service_log import checkpoint_scores, read_service_log
 
+    settings = settings.model_copy(update={"stability_cap": cap})
     async with app_client(settings) as (client, app):
         version = await _with_checkpoint(client, app)
         logged = [

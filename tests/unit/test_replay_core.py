@@ -438,6 +438,9 @@ def test_rofu_variant_parses_overrides():
     with pytest.raises(ValueError, match="bad value 'wide'"):
         rofu_variant("ROFU@hidden=wide")
     assert rofu_variant("ROFU@persist=1").schedule.persist is True
+    assert rofu_variant("ROFU@cap=1").rofu.stability_cap == 1.0
+    with pytest.raises(ValueError, match="stability_cap"):
+        rofu_variant("ROFU@cap=0")
     assert rofu_variant("ROFU@persist=0").schedule.persist is False
     assert PRODUCT.schedule.persist is True
     with pytest.raises(ValueError, match="bad value 'yes' for ROFU variant key 'persist'"):

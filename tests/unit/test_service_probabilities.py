@@ -5,6 +5,7 @@ frequencies that match the stated probabilities (chi-square at a fixed seed)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections import Counter
 from typing import Any
@@ -13,6 +14,7 @@ import httpx
 import pytest
 from scipy.stats import chisquare
 
+from models.rofu import checkpoint_config
 from service.db import repository
 from service.runtime import Runtime
 from service.scoring import Scorer, SelectJob, event_uniform
@@ -150,3 +152,34 @@ async def test_service_choice_frequencies_match_the_probabilities_on_a_pinned_ve
     expected = [stated[arm] * n for arm in arms]
     result = chisquare(observed, expected)
     assert result.pvalue > 0.01, (name, observed, expected)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("estimator", ["ntk", "exact"])
+async def test_service_scores_with_a_stability_cap_run_the_checkpoints_resolved_step(
+    sqlite_settings: Settings, estimator: str
+) -> None:
+    """With ROFU_STABILITY_CAP the scorer resolves the step once per checkpoint, as
+    `checkpoint_config` (and so `rofu evaluate` and the replay) does, and scores with it."""
+    settings = _seeded(sqlite_settings, estimator=estimator, minibatch_size=32, stability_cap=1e-3)
+    config = settings.rofu_config()
+    async with app_client(settings) as (_, app):
+        runtime: Runtime = app.state.runtime
+        snapshot = runtime.holder.current
+        assert snapshot is not None
+        capped = Scorer(runtime.holder, runtime.catalogue, config, 0, 0)
+        uncapped = dataclasses.replace(config, stability_cap=None)
+        plain = Scorer(runtime.holder, runtime.catalogue, uncapped, 0, 0)
+        arms = tuple(runtime.catalogue.fresh().candidates(None, None))
+        job = SelectJob("e", tuple(CONTEXT), arms, True)
+        low, high = capped([job])[0], plain([job])[0]
+        resolved = capped.config_for(snapshot, None)
+    assert resolved == checkpoint_config(snapshot.net, snapshot.data, config)
+    assert resolved.stability_cap is None
+    assert resolved.step_size < config.step_size
+    assert low is not None
+    assert high is not None
+    for small, large in zip(low.scores, high.scores, strict=True):
+        assert small.bonus is not None
+        assert large.bonus is not None
+        assert 0 < small.bonus < large.bonus

@@ -167,6 +167,8 @@ def test_settings_are_frozen() -> None:
         ),
         ({"unknown_setting": 1}, "unknown_setting"),
         ({"torch_threads": -1}, "greater than or equal to 0"),
+        ({"stability_cap": 0}, "greater than 0"),
+        ({"stability_cap": float("inf")}, "finite number"),
     ],
 )
 def test_settings_validators_refuse(kwargs: dict[str, object], message: str) -> None:
@@ -259,6 +261,12 @@ def test_settings_rofu_config() -> None:
         estimator="exact",
         baseline="drift",  # not set: the product preset's
     )
+
+
+def test_settings_stability_cap_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings().rofu_config().stability_cap is None  # the paper's fixed step
+    monkeypatch.setenv("ROFU_STABILITY_CAP", "1")
+    assert Settings().rofu_config().stability_cap == 1.0
 
 
 def test_settings_serve_the_product_preset_the_replays_rofu_runs() -> None:
