@@ -133,7 +133,7 @@ def run_job(
     """Run one job and write its file (in a worker process or in-process); `file` is the
     user's classification file when the job's data set is it."""
     bandit = _bandit(job.bandit if file is None else file, data_dir)
-    policy, config = _policy(job, bandit, torch.device(device))
+    policy, config = job_policy(job, bandit, torch.device(device))
     stream = bandit.stream(job.rounds, job.seed)
     result: RunResult = simulate(
         policy, stream, bandit=job.bandit, policy_name=job.policy, seed=job.seed, config=config
@@ -143,7 +143,7 @@ def run_job(
     return path
 
 
-def _policy(job: Job, bandit: Bandit, device: torch.device) -> tuple[Policy, dict[str, Any]]:
+def job_policy(job: Job, bandit: Bandit, device: torch.device) -> tuple[Policy, dict[str, Any]]:
     """The job's policy, on its learner or preset, and the configuration it records."""
     from replay.learners import get_learner
     from replay.policies import build_policy, configuration, resolve_learner, resolve_preset

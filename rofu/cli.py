@@ -25,6 +25,7 @@ HARNESS = {
 BENCHMARKS = {
     "kernel": ("benchmarks.kernel", "the ROFU scoring kernel, side by side"),
     "load": ("benchmarks.load", "the served API under concurrent clients"),
+    "stability": ("benchmarks.stability", "ROFU's ascent stability along a replay run"),
 }
 
 

@@ -63,6 +63,7 @@ def test_every_option_of_every_rofu_parser_has_help_text() -> None:
         "rofu evaluate --ci",
         "rofu bench kernel --device",
         "rofu bench load --seed",
+        "rofu bench stability --every",
     } <= walked
     missing = [name for parser in parsers.values() for name in silent(parser)]
     assert missing == []
@@ -76,7 +77,9 @@ def test_the_walk_finds_an_option_without_help() -> None:
     assert silent(parser) == ["probe sub --quiet-one"]
 
 
-@pytest.mark.parametrize("name", ["bench kernel", "bench load", "ope", "evaluate", "replay"])
+@pytest.mark.parametrize(
+    "name", ["bench kernel", "bench load", "bench stability", "ope", "evaluate", "replay"]
+)
 def test_every_harness_help_renders(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         cli.main([*name.split(), "--help"])

@@ -18,7 +18,7 @@ from models.policies import EpsilonGreedy, Greedy, RofuPolicy, TrainSchedule
 from replay.bandits import PoolBandit, ResNetBandit
 from replay.cli import main
 from replay.policies import build_policy, learner_variant
-from replay.runner import PROTOCOLS, Job, _policy, jobs_for
+from replay.runner import PROTOCOLS, Job, job_policy, jobs_for
 from replay.simulate import WARM_START, RunResult, simulate
 
 CPU = torch.device("cpu")
@@ -92,7 +92,7 @@ def test_policies_on_the_ablation_learners_follow_the_bandit() -> None:
             ("Greedy", Greedy),
         ):
             job = Job(bandit_name, name, 2, 50, learner=learner_name)
-            policy, config = _policy(job, bandit, CPU)
+            policy, config = job_policy(job, bandit, CPU)
             assert type(policy) is kind
             assert isinstance(policy.net, model)
             assert (policy.context_shape, policy.net.config.seed) == (shape, 2)
@@ -123,7 +123,9 @@ def test_a_learner_refuses_other_policies_presets_and_shapes() -> None:
     with pytest.raises(ValueError, match="learner paper-resnet32 takes contexts"):
         learner.check("mlp", (10,), 10)
     with pytest.raises(ValueError, match="a preset does not apply"):
-        _policy(Job("mlp", "ROFU", 0, 5, "linear", "paper-mlp"), datasets.load_bandit("mlp"), CPU)
+        job_policy(
+            Job("mlp", "ROFU", 0, 5, "linear", "paper-mlp"), datasets.load_bandit("mlp"), CPU
+        )
     mlp = learner_variant("ROFU@steps=1+hidden=8x8+fit_lr=0.01", learners.get_learner("paper-mlp"))
     assert (mlp.name, mlp.net.hidden, mlp.rofu.steps) == (
         "paper-mlp+steps=1+hidden=8x8+fit_lr=0.01",
