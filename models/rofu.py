@@ -48,7 +48,7 @@ from models.rofu_config import (
 from models.rofu_exact import ExactAscent
 from models.rofu_functional import FunctionalAscent
 from models.rofu_ntk import NtkBasis, features, ntk_gains, prepare_ntk
-from models.rofu_stability import resolve_step
+from models.rofu_stability import ascent_stiffness, resolve_step
 from models.scores import Scores
 from models.validation import (
     check_choice,
@@ -236,12 +236,7 @@ def ntk_basis(
     The basis is valid for these parameters, this data sample and these arm features;
     |D| and the arm counts may change afterwards (they enter only the per-pair weights).
     """
-    theta = _parameters(net, params)
-    device, dtype = next(iter(theta.values())).device, next(iter(theta.values())).dtype
-    dummy = torch.zeros(0, *net.context_shape, dtype=dtype)
-    _, arm_features, _ = _validated(net, dummy, data, None, arm_features)
-    if arm_features is not None:
-        arm_features = arm_features.to(device, dtype)
+    theta, arm_features = _checkpoint_inputs(net, data, arm_features, params)
     with torch.no_grad(), evaluating(net):
         return prepare_ntk(net, theta, data, config, generator, arm_features)
 
@@ -259,13 +254,39 @@ def checkpoint_config(
     (`models.rofu_stability`). Resolve once per checkpoint and score with the result."""
     if config.stability_cap is None:
         return config
+    theta, arm_features = _checkpoint_inputs(net, data, arm_features, params)
+    return resolve_step(net, data, config, theta, arm_features)
+
+
+def ascent_rho(
+    net: RewardModel,
+    data: RegulariserData,
+    config: RofuConfig,
+    *,
+    arm_features: Tensor | None = None,
+    params: Params | None = None,
+) -> float:
+    """rho at `config`'s own step (no cap applied): the step times the regulariser's
+    largest curvature at these parameters and data (`models.rofu_stability`). The ascent
+    is monotone up to 1 and diverges past 2."""
+    theta, arm_features = _checkpoint_inputs(net, data, arm_features, params)
+    return ascent_stiffness(net, data, config, theta, arm_features)
+
+
+def _checkpoint_inputs(
+    net: RewardModel,
+    data: RegulariserData,
+    arm_features: Tensor | None,
+    params: Params | None,
+) -> tuple[Params, Tensor | None]:
+    """The parameters and checked arm features (on the parameters' device) of a checkpoint."""
     theta = _parameters(net, params)
     device, dtype = next(iter(theta.values())).device, next(iter(theta.values())).dtype
     dummy = torch.zeros(0, *net.context_shape, dtype=dtype)
     _, arm_features, _ = _validated(net, dummy, data, None, arm_features)
     if arm_features is not None:
         arm_features = arm_features.to(device, dtype)
-    return resolve_step(net, data, config, theta, arm_features)
+    return theta, arm_features
 
 
 def _bonus(gain: Tensor, config: RofuConfig) -> Tensor:

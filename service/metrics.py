@@ -137,6 +137,13 @@ class ServiceMetrics:
             registry=r,
         )
         self.trainer_loss = Gauge("rofu_trainer_loss", "Training loss of the last fit", registry=r)
+        self.trainer_ascent_rho = Gauge(
+            "rofu_trainer_ascent_rho",
+            "ROFU's step x the regulariser's largest curvature at the last checkpoint "
+            "(at ROFU_STEP_SIZE, before any cap): the ascent is monotone up to 1, "
+            "diverges past 2",
+            registry=r,
+        )
         self.trainer_rows = Counter(
             "rofu_trainer_rows_total",
             "Decisions consumed by the trainer, by use (rewarded, default, excluded)",

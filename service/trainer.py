@@ -47,6 +47,7 @@ from models import (
     dump_checkpoint,
     fit,
 )
+from models.rofu import ascent_rho
 from models.training import make_optimizer
 from service import training_data
 from service.bus import CheckpointBus
@@ -60,6 +61,9 @@ from service.settings import Settings
 from service.snapshot import HASH_SEED_KEY, load_served
 
 log = logging.getLogger("rofu.trainer")
+
+#: rho past which gradient descent on the regulariser diverges (models.rofu_stability).
+UNSTABLE_RHO = 2.0
 MAX_ROWS_PER_RUN = 50_000
 
 
@@ -85,6 +89,7 @@ class TrainReport:
     loss: float | None  # None: nothing to train on, no checkpoint stored
     seconds: float
     expired: int = 0  # deferred decisions never activated in time: consumed, not trained on
+    ascent_rho: float | None = None  # the checkpoint's rho (models.rofu_stability)
 
 
 @dataclass(frozen=True)
@@ -263,6 +268,8 @@ class Trainer:
     ) -> TrainReport:
         n_slots = self.settings.max_arms if features is None else features.shape[0]
         data = buffer.regulariser_data(n_slots)
+        config = dataclasses.replace(self.settings.rofu_config(), stability_cap=None)
+        metrics = metrics | {"ascent_rho": ascent_rho(net, data, config, arm_features=features)}
         checkpoint = Checkpoint(
             version=run.version,
             net_config=self.settings.net_config(),
@@ -291,6 +298,7 @@ class Trainer:
         )
         self._announce(run.version, blob)
         report = self._report(run.version, run, metrics["loss"], self._expire(run, run.version))
+        report = dataclasses.replace(report, ascent_rho=metrics["ascent_rho"])
         self._record(report)
         return report
 
@@ -342,6 +350,16 @@ class Trainer:
             )
         else:
             log.info("training run: %s", report)
+        rho = report.ascent_rho
+        if rho is not None and rho > UNSTABLE_RHO and self.settings.stability_cap is None:
+            log.warning(
+                "checkpoint %s: ROFU's ascent runs at rho = %.3g > %s, past which its steps "
+                "diverge and its bonuses mean little; set ROFU_STABILITY_CAP=1 (or a smaller "
+                "ROFU_STEP_SIZE)",
+                report.version,
+                rho,
+                UNSTABLE_RHO,
+            )
         if self._metrics is None:
             return
         m = self._metrics
@@ -350,6 +368,8 @@ class Trainer:
         m.trainer_rows.labels("excluded").inc(report.excluded)
         m.deferred.labels("expired").inc(report.expired)
         m.trainer_duration.observe(report.seconds)
+        if report.ascent_rho is not None:
+            m.trainer_ascent_rho.set(report.ascent_rho)
         if report.loss is not None:
             m.trainer_loss.set(report.loss)
             m.trainer_published.inc()
