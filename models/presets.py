@@ -109,11 +109,14 @@ PRESETS: dict[str, RofuPreset] = {
         dataclasses.replace(
             PRODUCT,
             name="small-lr",
+            rofu=dataclasses.replace(PRODUCT.rofu, stability_cap=1.0),
             schedule=dataclasses.replace(
                 PRODUCT.schedule, fit=dataclasses.replace(PRODUCT.schedule.fit, lr=1e-4)
             ),
             why="Mushroom's noisy, large rewards (+5, or -35/+5 on a coin): Adam at lr 1e-4 "
-            "(results/tuning/mushroom and mushroom-persist; seeds 1000-1001, T = 20 000)",
+            "(results/tuning/mushroom and mushroom-persist), and the ascent capped at rho = 1, "
+            "past which its steps diverge there (results/tuning/mushroom-stability); seeds "
+            "1000-1001, T = 20 000",
         ),
         dataclasses.replace(
             PRODUCT,
