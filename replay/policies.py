@@ -157,6 +157,10 @@ def _widths(value: str) -> tuple[int, ...]:
     return tuple(int(w) for w in value.split("x"))
 
 
+def _cap(value: str) -> float | None:
+    return None if value == "none" else float(value)
+
+
 def _flag(value: str) -> bool:
     if value not in ("0", "1"):
         raise ValueError(value)
@@ -178,7 +182,7 @@ VARIANT_KEYS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "floor": ("rofu", "exploration_floor", float),
     "select": ("rofu", "selection", str),
     "gamma": ("rofu", "igw_gamma", float),
-    "cap": ("rofu", "stability_cap", float),
+    "cap": ("rofu", "stability_cap", _cap),
     "fit_steps": ("fit", "steps", int),
     "fit_lr": ("fit", "lr", float),
     "fit_opt": ("fit", "optimizer", str),

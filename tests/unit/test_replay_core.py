@@ -439,6 +439,9 @@ def test_rofu_variant_parses_overrides():
         rofu_variant("ROFU@hidden=wide")
     assert rofu_variant("ROFU@persist=1").schedule.persist is True
     assert rofu_variant("ROFU@cap=1").rofu.stability_cap == 1.0
+    capped = PRESETS["small-lr"]
+    assert capped.rofu.stability_cap == 1.0
+    assert rofu_variant("ROFU@cap=none", capped).rofu.stability_cap is None
     with pytest.raises(ValueError, match="stability_cap"):
         rofu_variant("ROFU@cap=0")
     assert rofu_variant("ROFU@persist=0").schedule.persist is False
