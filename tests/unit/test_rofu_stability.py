@@ -73,6 +73,20 @@ def test_stiffness_equals_the_explicit_jacobians_on_a_cnn_with_batch_norm():
     assert rho == pytest.approx(_explicit_stiffness(net, data, config), rel=1e-3)
 
 
+def test_the_trace_bound_answers_within_the_cap_and_the_kernels_beyond_it():
+    net, data = make_net(hidden=(16,)), make_data(120, 6, 4)
+    theta, config = _theta(net), RofuConfig(step_size=0.05, minibatch_size=32)
+    rho = ascent_stiffness(net, data, config, theta)
+    bound = ascent_stiffness(net, data, config, theta, within=1e9)
+    assert rho < bound  # lambda_max(K) <= trace(K)
+    assert ascent_stiffness(net, data, config, theta, within=0.5 * bound) == rho
+    cut = resolve_step(net, data, dataclasses.replace(config, stability_cap=bound), theta)
+    assert cut.step_size == config.step_size  # the bound is within the cap: no cut
+    between = 0.5 * (rho + bound)
+    cut = resolve_step(net, data, dataclasses.replace(config, stability_cap=between), theta)
+    assert cut.step_size == config.step_size  # rho itself is within it: no cut either
+
+
 def test_power_iteration_finds_the_largest_eigenvalue_of_each_block():
     gen = torch.Generator().manual_seed(3)
     rows = torch.randn(3, 50, 20, generator=gen, dtype=torch.float64)
