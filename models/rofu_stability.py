@@ -11,15 +11,15 @@ oscillates for 1 < rho < 2 and diverges beyond 2. Past 2 the M steps amplify the
 the network's first-order expansion (`ntk`) by up to (rho - 1)^(M - 1), and on the
 network itself (`exact`) leave it wherever the overshoot lands. rho grows with the
 network's gradients, so with the size of its weights and of the rewards: on Mushroom
-(rewards +5 or -35) it passed 2 within 300 rounds and reached about 17 by round 9 000,
-while on Census it stayed near 0.2.
+(rewards +5 or -35) it passed 2 within 300 rounds and kept growing with the weights; on
+Statlog it sits near 0.3 but passes 2 at times, when a minibatch holds rare rows whose
+gradients are large (`rofu bench stability`, README "Ascent stability").
 
 `RofuConfig.stability_cap` (None: off, the paper's fixed step) caps the step at
 `cap / L` for each checkpoint. L is estimated once per checkpoint, from M minibatches
 drawn with a fixed seed, so that every replica, `rofu evaluate` and the replay resolve the
 same step for the same theta and data. Where the trace bound rho <= kappa 2 mean |g|^2
-already keeps within the cap (as on every data set of the paper protocol but Mushroom),
-the kernels are not built.
+already keeps within the cap, the kernels are not built.
 """
 
 from __future__ import annotations
