@@ -354,7 +354,8 @@ class Trainer:
         if rho is not None and rho > UNSTABLE_RHO and self.settings.stability_cap is None:
             log.warning(
                 "checkpoint %s: ROFU's ascent runs at rho = %.3g > %s, past which its steps "
-                "diverge and its bonuses mean little; set ROFU_STABILITY_CAP=1 (or a smaller "
+                "diverge and its bonuses mean little (a lasting rise, not one spike from a few "
+                "rare rows, is what matters); set ROFU_STABILITY_CAP=1 (or a smaller "
                 "ROFU_STEP_SIZE)",
                 report.version,
                 rho,
