@@ -194,6 +194,14 @@ class Settings(BaseSettings):
             raise ValueError("every hidden width must be >= 1")
         return value
 
+    @field_validator("stability_cap", mode="before")
+    @classmethod
+    def _cap_off(cls, value: object) -> object:
+        """`none` (or `off`) lifts a preset's cap: the fixed step."""
+        if isinstance(value, str) and value.strip().lower() in ("none", "off"):
+            return None
+        return value
+
     @field_validator("database_url")
     @classmethod
     def _supported_database(cls, value: str) -> str:

@@ -267,6 +267,12 @@ def test_settings_stability_cap_from_the_environment(monkeypatch: pytest.MonkeyP
     assert Settings().rofu_config().stability_cap is None  # the paper's fixed step
     monkeypatch.setenv("ROFU_STABILITY_CAP", "1")
     assert Settings().rofu_config().stability_cap == 1.0
+    monkeypatch.setenv("ROFU_PRESET", "small-lr")  # a preset with a cap
+    monkeypatch.setenv("ROFU_STABILITY_CAP", "none")
+    assert Settings().rofu_config().stability_cap is None
+    monkeypatch.setenv("ROFU_STABILITY_CAP", "soon")
+    with pytest.raises(ValidationError, match="stability_cap"):
+        Settings()
 
 
 def test_settings_serve_the_product_preset_the_replays_rofu_runs() -> None:
