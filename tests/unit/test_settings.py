@@ -260,13 +260,14 @@ def test_settings_rofu_config() -> None:
         bonus_scale=2.0,
         estimator="exact",
         baseline="drift",  # not set: the product preset's
+        stability_cap=1.0,  # likewise
     )
 
 
 def test_settings_stability_cap_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert Settings().rofu_config().stability_cap is None  # the paper's fixed step
-    monkeypatch.setenv("ROFU_STABILITY_CAP", "1")
-    assert Settings().rofu_config().stability_cap == 1.0
+    assert Settings().rofu_config().stability_cap == 1.0  # the product preset's
+    monkeypatch.setenv("ROFU_STABILITY_CAP", "0.5")
+    assert Settings().rofu_config().stability_cap == 0.5
     monkeypatch.setenv("ROFU_PRESET", "small-lr")  # a preset with a cap
     monkeypatch.setenv("ROFU_STABILITY_CAP", "none")
     assert Settings().rofu_config().stability_cap is None
