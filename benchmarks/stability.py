@@ -11,8 +11,8 @@ and data, it records:
   with the policy's own step (after its cap, if it has one);
 - the weights' norm and the rows held.
 
-    rofu bench stability --dataset mushroom --policy ROFU --preset small-lr --seed 2 \\
-        --rounds 20000 --every 1000 --json benchmarks/results/stability-mushroom.json
+    rofu bench stability --dataset mushroom --preset small-lr --policy ROFU@cap=none \\
+        --seed 2 --rounds 20000 --every 1000 --json stability-mushroom.json
 """
 
 from __future__ import annotations
