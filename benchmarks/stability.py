@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from models.policies import RofuPolicy
-from models.rofu import checkpoint_config, rofu_scores
-from models.rofu_stability import ascent_stiffness
+from models.rofu import rofu_scores
+from models.rofu_stability import ascent_stiffness, capped_step
 from replay.datasets import load_bandit
 from replay.runner import Job, job_policy
 from replay.simulate import simulate
@@ -46,14 +46,15 @@ def checkpoint(policy: RofuPolicy, contexts: torch.Tensor | None) -> dict[str, A
     """What the policy's current weights and data give (see the module docstring)."""
     data = policy.buffer.regulariser_data(policy.n_arms)
     theta = {name: p.detach() for name, p in policy.net.named_parameters()}
-    plain = dataclasses.replace(policy.rofu, stability_cap=None)
+    rho = ascent_stiffness(policy.net, data, policy.rofu, theta, policy.arm_features)
+    step = capped_step(policy.rofu, rho)  # the step the policy's own cap resolves to
+    resolved = dataclasses.replace(policy.rofu, step_size=step, stability_cap=None)
     row: dict[str, Any] = {
         "rows": len(data.sample),
-        "rho": ascent_stiffness(policy.net, data, plain, theta, policy.arm_features),
+        "rho": rho,
         "weight_norm": float(torch.cat([p.flatten() for p in theta.values()]).norm()),
+        "step": step,
     }
-    resolved = checkpoint_config(policy.net, data, policy.rofu, arm_features=policy.arm_features)
-    row["step"] = resolved.step_size
     if contexts is not None:
         for estimator in ("ntk", "exact"):
             bonus = rofu_scores(

@@ -108,9 +108,14 @@ def resolve_step(
     """
     if config.stability_cap is None:
         return config
+    rho = ascent_stiffness(net, data, config, theta, arm_features, within=config.stability_cap)
+    return dataclasses.replace(config, step_size=capped_step(config, rho), stability_cap=None)
+
+
+def capped_step(config: RofuConfig, rho: float) -> float:
+    """The step `config` runs at a checkpoint whose rho (at `config.step_size`) is `rho`:
+    scaled to rho = cap where rho exceeds the cap, else unchanged."""
     cap = config.stability_cap
-    rho = ascent_stiffness(net, data, config, theta, arm_features, within=cap)
-    step = config.step_size
-    if rho > cap:
-        step = config.step_size * cap / rho
-    return dataclasses.replace(config, step_size=step, stability_cap=None)
+    if cap is None or not rho > cap:
+        return config.step_size
+    return config.step_size * cap / rho
