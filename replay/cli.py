@@ -33,7 +33,7 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     return tuple(seeds)
 
 
-def _names(text: str) -> tuple[str, ...]:
+def parse_names(text: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in text.split(",") if name.strip())
 
 
@@ -42,7 +42,7 @@ def _command(argv: list[str]) -> str:
 
 
 def _folders(text: str) -> tuple[Path, ...]:
-    return tuple(Path(name) for name in _names(text))
+    return tuple(Path(name) for name in parse_names(text))
 
 
 def _delimiter(text: str) -> str:
@@ -57,7 +57,7 @@ def _presets(text: str) -> dict[str, str]:
     if text == "tuned":
         return dict(TUNED_PRESETS)
     spec: dict[str, str] = {}
-    for item in _names(text):
+    for item in parse_names(text):
         dataset, _, name = item.rpartition("=")
         if name not in PRESETS:
             raise argparse.ArgumentTypeError(
@@ -78,9 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
         "the paper's section 5.1, ROFU at M = 1, 5, 10 against EpsilonGreedy and Greedy on "
         "the MLP and ResNet bandits, each on its paper learner",
     )
-    parser.add_argument("--datasets", type=_names, help="comma-separated (default: protocol's)")
     parser.add_argument(
-        "--policies", type=_names, help="comma-separated (default: the protocol's, or all built in)"
+        "--datasets", type=parse_names, help="comma-separated (default: protocol's)"
+    )
+    parser.add_argument(
+        "--policies",
+        type=parse_names,
+        help="comma-separated (default: the protocol's, or all built in)",
     )
     parser.add_argument("--seeds", type=parse_seeds, help="e.g. 0-3 (default: protocol's)")
     parser.add_argument("--rounds", type=int, help="T (default: protocol's)")
@@ -346,63 +350,4 @@ def _http(
             print(json.dumps(figures[-1]))
     (out / "http").mkdir(parents=True, exist_ok=True)
     (out / "http" / "results.json").write_text(json.dumps(figures, indent=2))
-    return 0
-
-
-def build_ope_parser() -> argparse.ArgumentParser:
-    """The parser of `rofu ope`."""
-    parser = argparse.ArgumentParser(
-        prog="rofu ope",
-        description="Replay (Li et al. 2011), IPS and DR estimates of each policy's value on "
-        "the Open Bandit Dataset sample, with 95% confidence intervals.",
-    )
-    parser.add_argument(
-        "--behavior",
-        choices=("random", "bts"),
-        default="random",
-        help="the logged policy (replay needs the uniform-random log)",
-    )
-    parser.add_argument(
-        "--campaign",
-        choices=("all", "men", "women"),
-        default="all",
-        help="the Open Bandit Dataset campaign (default all)",
-    )
-    parser.add_argument(
-        "--policies",
-        type=_names,
-        default=(),
-        help="comma-separated (default: Uniform, EpsilonGreedy, LinUCB, ROFU)",
-    )
-    parser.add_argument("--rows", type=int, help="only the first N logged rows")
-    parser.add_argument(
-        "--ci",
-        choices=("normal", "bootstrap"),
-        default="normal",
-        help="95%% intervals by the normal approximation or the bootstrap (default normal)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="DR's folds and the bootstrap")
-    parser.add_argument("--data-dir", type=Path, help="benchmark data (default ROFU_DATA_DIR)")
-    parser.add_argument(
-        "--out", type=Path, default=DEFAULT_OUT / "ope", help=f"default {DEFAULT_OUT / 'ope'}"
-    )
-    return parser
-
-
-def ope_main(argv: list[str] | None = None) -> int:
-    """Entry point of `rofu ope`: off-policy estimates on the Open Bandit Dataset sample."""
-    from replay.ope import run_ope
-
-    args = build_ope_parser().parse_args(argv)
-    run_ope(
-        list(args.policies),
-        args.behavior,
-        args.campaign,
-        args.data_dir,
-        args.seed,
-        args.out,
-        rows=args.rows,
-        ci=args.ci,
-    )
-    print(args.out / f"ope_{args.behavior}_{args.campaign}.md")
     return 0

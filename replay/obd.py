@@ -11,7 +11,7 @@ and the sample could not supply them anyway (9 982 of the 10 000 timestamps of
 random/all are distinct, so rows are mostly from different impressions). Evaluate one
 position alone with `LoggedBandit.at_position`.
 
-`item_ctr_table` (DR's reward model) and `default_policies` (what `replay.ope.run_ope`
+`item_ctr_table` (DR's reward model) and `default_policies` (what `replay.ope_cli.run_ope`
 evaluates) are sized for a 10k-row log of up to 80 items with ~40 clicks, where a policy
 learns from ~N / A matched rows.
 """

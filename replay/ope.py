@@ -25,14 +25,9 @@ was clicked; `Estimate.matched_reward` says how many were.
 
 from __future__ import annotations
 
-import json
 import math
-import sys
-import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -40,13 +35,10 @@ import torch
 from models.policies import Policy
 from models.validation import check_choice, check_int
 from replay.obd import (
-    POLICY_NOTES,
     LoggedBandit,
     PolicyFactory,
     RewardTable,
-    default_policies,
     item_ctr_table,
-    load_obd,
 )
 
 ESTIMATORS = ("replay", "ips", "dr")
@@ -296,108 +288,3 @@ def _estimates(
                 r, matched, p, table.at(logged.actions), table.at(picks), ci=ci, rng=rng
             )
     return out
-
-
-def run_ope(
-    policies: list[str],
-    behavior: str,
-    campaign: str,
-    data_dir: Path | str | None,
-    seed: int,
-    out_dir: Path | str,
-    *,
-    rows: int | None = None,
-    ci: str = "normal",
-) -> dict[str, Any]:
-    """Evaluate named default policies on one OBD log; write `ope_{behavior}_{campaign}.md/.json`.
-
-    Args:
-        policies: names from `default_policies` (empty: all of them).
-        rows: keep only the first `rows` rows in time order (None: all).
-        The rest as in `load_obd` and `evaluate`.
-
-    Returns:
-        The figures written to the JSON file.
-    """
-    registry = default_policies(seed)
-    for name in policies:
-        check_choice("policies", name, registry)
-    logged = load_obd(behavior, campaign, data_dir)  # type: ignore[arg-type]
-    logged = logged if rows is None else logged.head(check_int("rows", rows, low=1))
-    figures: dict[str, Any] = {
-        "log": logged.name,
-        "rows": len(logged),
-        "n_items": logged.n_items,
-        "context_dim": logged.context_dim,
-        "uniform_log": logged.uniform,
-        "seed": seed,
-        "ci": ci,
-        "behavior_value": _jsonable(behavior_value(logged, ci=ci)),
-        "policies": {},
-        "seconds": {},
-    }
-    names = policies or list(registry)
-    print(f"rofu ope: {logged.name}, {len(logged)} rows, {len(names)} policies", file=sys.stderr)
-    for i, name in enumerate(names, 1):
-        began = time.perf_counter()
-        print(f"rofu ope: [{i}/{len(names)}] {name} ...", end="", file=sys.stderr, flush=True)
-        result = evaluate({name: registry[name]}, logged, ci=ci, seed=seed)[name]
-        figures["seconds"][name] = round(time.perf_counter() - began, 2)
-        print(f" {figures['seconds'][name]:.1f} s", file=sys.stderr)
-        figures["policies"][name] = {k: _jsonable(v) for k, v in result.items()}
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"ope_{behavior}_{campaign}"
-    stem.with_suffix(".json").write_text(json.dumps(figures, indent=2) + "\n")
-    stem.with_suffix(".md").write_text(markdown(figures))
-    return figures
-
-
-def _jsonable(estimate: Estimate) -> dict[str, Any]:
-    return {
-        k: None if isinstance(v, float) and math.isnan(v) else v
-        for k, v in asdict(estimate).items()
-    }
-
-
-def markdown(figures: dict[str, Any]) -> str:
-    """The estimator x policy table of `run_ope`'s figures."""
-    names = [e for e in ESTIMATORS if any(e in p for p in figures["policies"].values())]
-    lines = [
-        f"# Off-policy evaluation on {figures['log']}",
-        "",
-        f"{figures['rows']} rows, {figures['n_items']} items, D = {figures['context_dim']}, "
-        f"seed {figures['seed']}, 95% CI ({figures['ci']}). Logged policy (on-policy mean "
-        f"click): {_cell(figures['behavior_value'])}.",
-        "",
-        "| policy | " + " | ".join(names) + " | matched rows | matched clicks | seconds |",
-        "|---|" + "---|" * (len(names) + 3),
-    ]
-    for policy, result in figures["policies"].items():
-        first = next(iter(result.values()))
-        cells = [_cell(result[e]) for e in names]
-        lines.append(
-            f"| {policy} | " + " | ".join(cells) + f" | {first['n_matched']} | "
-            f"{first['matched_reward']:g} | {figures['seconds'][policy]} |"
-        )
-    lines += [
-        "",
-        "Each policy streams the log once in time order and learns only from the rows where "
-        "it chose the logged item (matched rows).",
-    ]
-    if "replay" not in names:
-        lines.append("replay: not computed, the log is not uniform-random.")
-    if any(next(iter(r.values()))["matched_reward"] == 0 for r in figures["policies"].values()):
-        lines.append(
-            "With no matched click, replay and IPS are 0 with a collapsed interval; the rule "
-            "of three bounds such a replay value by 3 / matched rows."
-        )
-    lines += [f"- {p}: {POLICY_NOTES[p]}" for p in figures["policies"] if p in POLICY_NOTES]
-    return "\n".join(lines) + "\n"
-
-
-def _cell(estimate: dict[str, Any]) -> str:
-    def fmt(v: float | None) -> str:
-        return "n/a" if v is None else f"{v:.5f}"
-
-    return f"{fmt(estimate['value'])} [{fmt(estimate['ci_low'])}, {fmt(estimate['ci_high'])}]"

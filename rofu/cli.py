@@ -19,7 +19,7 @@ REPLAY_EXTRA = ("scipy", "matplotlib", "pandas", "tqdm", "httpx")
 #: command -> (module, function taking the remaining arguments)
 HARNESS = {
     "replay": ("replay.cli", "main"),
-    "ope": ("replay.cli", "ope_main"),
+    "ope": ("replay.ope_cli", "ope_main"),
     "evaluate": ("replay.evaluate", "main"),
 }
 BENCHMARKS = {

@@ -14,7 +14,7 @@ from rofu import cli
 #: command -> (module, function) building the parser that takes its arguments
 HARNESS_PARSERS = {
     "replay": ("replay.cli", "build_parser"),
-    "ope": ("replay.cli", "build_ope_parser"),
+    "ope": ("replay.ope_cli", "build_ope_parser"),
     "evaluate": ("replay.evaluate", "build_parser"),
 }
 

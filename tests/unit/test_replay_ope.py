@@ -19,8 +19,8 @@ from replay.ope import (
     policy_pass,
     ratio_estimate,
     replay_estimate,
-    run_ope,
 )
+from replay.ope_cli import run_ope
 
 # Three equally likely contexts, four arms, Bernoulli rewards.
 MEANS = np.array([[0.2, 0.7, 0.4, 0.1], [0.6, 0.3, 0.2, 0.5], [0.1, 0.2, 0.3, 0.9]])  # (C, K)
