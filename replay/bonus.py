@@ -4,7 +4,8 @@ Each run records the bonus of the arm it chose in every round (`RunResult.bonus`
 is its mean over seeds, smoothed by a moving average. The ablation of the paper's section
 5.1 reads them: ROFU's bonus should grow with M, its ascent steps, and decay towards 0 as
 data accumulates. Policies without a bonus (Greedy, EpsilonGreedy: always 0) and runs
-written before bonuses were recorded are left out.
+written before bonuses were recorded are left out. `step_table` says how often ROFU's
+stability cap cut the ascent step, from the step each round recorded.
 """
 
 from __future__ import annotations
@@ -90,6 +91,52 @@ def markdown_table(results: Results) -> str:
                 f"| {bandit} | {policy} | {early:.4f} | {late:.4f} | {ratio} | {largest:.3g} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def step_table(results: Results) -> str:
+    """Per data set and ROFU policy whose runs recorded their ascent step: how often the
+    stability cap cut the step (rounds scored with less than the set step) and by how much.
+    Empty when no run recorded one (files before 2026-11-25, no ROFU policy)."""
+    lines = []
+    for bandit, by_policy in sorted(results.items()):
+        for policy, runs in sorted(by_policy.items(), key=lambda item: natural(item[0])):
+            recorded = [run for run in runs if run.ascent_step is not None and _set_step(run)]
+            if not recorded:
+                continue
+            scale = np.concatenate([_scale(run) for run in recorded])  # (rounds,)
+            capped = scale[scale < 1.0 - 1e-9]
+            median = f"{np.median(capped):.3g}" if capped.size else "-"
+            smallest = f"{capped.min():.3g}" if capped.size else "-"
+            lines.append(
+                f"| {bandit} | {policy} | {len(recorded)} of {len(runs)} | "
+                f"{_set_step(recorded[0]):g} | {capped.size / max(scale.size, 1):.1%} | "
+                f"{median} | {smallest} |"
+            )
+    if not lines:
+        return ""
+    head = [
+        "The step each ROFU round was scored with, against the set step: the share of rounds "
+        "whose checkpoint's stability cap cut it (rho = step x the regulariser's curvature "
+        "past the cap; `models/rofu_stability.py`), and the cut step / set step over those "
+        "rounds. Only runs that recorded their step (seeds: of the cell's).",
+        "",
+        "| data set | policy | seeds | set step | rounds capped | cut: median | cut: smallest |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    return "\n".join(head + lines) + "\n"
+
+
+def _set_step(run: RunResult) -> float:
+    """The step the run's configuration set (0 where it recorded none)."""
+    params = (run.config or {}).get("params") or {}
+    return float(params.get("step_size") or 0.0)
+
+
+def _scale(run: RunResult) -> np.ndarray:
+    """(rounds,) the recorded step over the set step, in the rounds that recorded one."""
+    assert run.ascent_step is not None
+    steps: np.ndarray = run.ascent_step[np.isfinite(run.ascent_step)] / _set_step(run)
+    return steps
 
 
 def plot_bonus(results: Results, folder: Path) -> list[Path]:

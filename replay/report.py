@@ -341,6 +341,9 @@ def write_report(out: Path, title: str, preamble: str = "", rounds: int | None =
     if bonus_plots:
         table_text = bonus.markdown_table(results)
         text += "\n## Bonus curves\n\n" + table_text + "\n" + _images(bonus_plots)
+    steps = bonus.step_table(results)
+    if steps:
+        text += "\n## Ascent step and the stability cap\n\n" + steps
     return _write(out, title, table, text)
 
 

@@ -4,7 +4,9 @@ Rounds 0 .. warm_start * A - 1 pull the arms round robin (counted in the regret,
 to the policy); afterwards the policy chooses. Regret per round is measured against the
 round's best arm, realised (max_a r_t(a) - r_t(a_t)) and expected (pseudo-regret,
 max_a mu_t(a) - mu_t(a_t)). Each round also records the exploration bonus of the chosen
-arm, from the scores the policy chose by (`Decision.scores.bonus`).
+arm, from the scores the policy chose by (`Decision.scores.bonus`), and, for a ROFU policy,
+the ascent step it scored the round with (`RofuPolicy.scoring_step`: its checkpoint's step
+after the stability cap).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 import torch
 
 from models import Transitions
-from models.policies import Policy
+from models.policies import Policy, RofuPolicy
 from replay.bandits import Stream
 
 WARM_START = 3
@@ -47,6 +49,10 @@ class RunResult:
     # CPU seconds of the whole run (the process's, all its threads; one core when the
     # run's worker has one torch thread); None in files written before 2026-11-25.
     cpu_seconds: float | None = None
+    # (T,) float64 the ascent step a ROFU policy scored each round with (its checkpoint's,
+    # after the stability cap; `RofuPolicy.scoring_step`), NaN in the warm-start rounds;
+    # None for other policies and in files written before it was recorded (2026-11-25).
+    ascent_step: np.ndarray | None = None
 
     @property
     def rounds(self) -> int:
@@ -84,6 +90,8 @@ class RunResult:
         arrays = {"arms": self.arms, "regret": self.regret, "pseudo_regret": self.pseudo_regret}
         if self.bonus is not None:
             arrays["bonus"] = self.bonus
+        if self.ascent_step is not None:
+            arrays["ascent_step"] = self.ascent_step
         arrays["meta"] = np.array(json.dumps(meta))
         np.savez_compressed(partial, allow_pickle=False, **arrays)
         partial.replace(path)
@@ -104,6 +112,7 @@ class RunResult:
                 meta.get("config"),
                 archive["bonus"] if "bonus" in archive.files else None,
                 meta.get("cpu_seconds"),
+                archive["ascent_step"] if "ascent_step" in archive.files else None,
             )
 
 
@@ -123,6 +132,8 @@ def simulate(
     contexts = torch.from_numpy(stream.contexts)
     arms = np.empty(stream.rounds, dtype=np.int64)
     bonus = np.full(stream.rounds, np.nan)
+    rofu = policy if isinstance(policy, RofuPolicy) else None
+    steps = None if rofu is None else np.full(stream.rounds, np.nan)
     started, cpu_started = time.perf_counter(), time.process_time()
     for t in range(stream.rounds):
         x = contexts[t : t + 1]  # (1, *context_shape)
@@ -132,6 +143,9 @@ def simulate(
             decision = policy.select(x)
             arm = int(decision.arms[0])
             bonus[t] = float(decision.scores.bonus[0, arm])
+            if rofu is not None and steps is not None:
+                step = rofu.scoring_step
+                steps[t] = np.nan if step is None else step
         arms[t] = arm
         reward = torch.tensor([stream.rewards[t, arm]], dtype=torch.float32)
         policy.update(Transitions(x, torch.tensor([arm]), reward))
@@ -142,4 +156,6 @@ def simulate(
     regret = stream.rewards.max(axis=1) - stream.rewards[rows, arms]
     pseudo = stream.means.max(axis=1) - stream.means[rows, arms]
     name = policy_name or getattr(policy, "name", "")
-    return RunResult(bandit, name, seed, arms, regret, pseudo, seconds, config, bonus, cpu_seconds)
+    return RunResult(
+        bandit, name, seed, arms, regret, pseudo, seconds, config, bonus, cpu_seconds, steps
+    )

@@ -252,6 +252,13 @@ class RofuPolicy(NeuralPolicy[RofuConfig]):
         """The estimator's hyper-parameters (`params`)."""
         return self.params
 
+    @property
+    def scoring_step(self) -> float | None:
+        """The ascent step the current checkpoint scores with: `params.step_size`, or with
+        a `stability_cap` the step it resolved to. None until a decision has resolved it
+        (no data yet, or a refit since)."""
+        return None if self._scoring is None else self._scoring.step_size
+
     def train(self) -> dict[str, float]:
         """Refit the network; a prepared NTK basis and step belong to the old weights."""
         self._basis, self._scoring = None, None
