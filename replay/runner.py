@@ -98,7 +98,8 @@ def jobs_for(
     presets: Mapping[str, str] | None = None,
     learners: Mapping[str, str] | None = None,
 ) -> list[Job]:
-    """Every combination, data set by data set; `presets` maps a data set to the preset its
+    """Every combination, seed by seed (so a protocol stopped part way has every data set
+    and policy at the seeds it finished); `presets` maps a data set to the preset its
     ROFU-family policies run (the product's where it names none), `learners` to the
     learner its neural policies run on (`replay.learners`; none where it names none)."""
     from replay.policies import resolve_preset
@@ -110,13 +111,13 @@ def jobs_for(
 
     return [
         Job(d, p, s, rounds, preset(d, p), (learners or {}).get(d, ""))
-        for d in datasets
         for s in seeds
+        for d in datasets
         for p in policies
     ]
 
 
-@lru_cache(maxsize=4)
+@lru_cache(maxsize=8)  # a seed's jobs visit every data set of a protocol (7 in `paper`)
 def _bandit(source: str | ClassificationFile, data_dir: str | None) -> Bandit:
     from replay.datasets import load_bandit
 

@@ -125,6 +125,13 @@ def test_runner_is_resumable_and_parallel(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "_bandit", lambda name, data_dir: _bandit())
     jobs = jobs_for(["toy"], ["Uniform", "LinUCB"], [0, 1], rounds=30)
     assert len(jobs) == 4
+    order = jobs_for(["toy", "wheel"], ["Uniform", "LinUCB"], [0, 1], rounds=30)
+    assert [(j.seed, j.bandit, j.policy) for j in order[:4]] == [  # seed by seed
+        (0, "toy", "Uniform"),
+        (0, "toy", "LinUCB"),
+        (0, "wheel", "Uniform"),
+        (0, "wheel", "LinUCB"),
+    ]
     paths = run_jobs(jobs, tmp_path, workers=1, device="cpu", progress=False)
     assert all(p.exists() for p in paths)
     stamps = [p.stat().st_mtime_ns for p in paths]
