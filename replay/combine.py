@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from replay.report import Cell, _sem, _with_notes, _write, compare, markdown
+from replay.paired import sem
+from replay.report import Cell, _with_notes, _write, compare, markdown
 
 
 def load_cells(folder: Path) -> dict[str, dict[str, Cell]]:
@@ -102,7 +103,7 @@ def _merged(earlier: Cell, later: Cell) -> Cell:
 
     return Cell(
         mean=float(finals.mean()),
-        sem=_sem(finals),
+        sem=sem(finals),
         realised_mean=weighted("realised_mean"),
         seeds=seeds,
         rounds=later.rounds,

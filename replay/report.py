@@ -25,6 +25,7 @@ import numpy as np
 from scipy import stats
 
 from replay import bonus
+from replay.paired import holm, paired_wilcoxon, sem
 from replay.simulate import RunResult
 
 REFERENCE = "ROFU"
@@ -89,31 +90,6 @@ def collect(out: Path, rounds: int | None = None) -> dict[str, dict[str, list[Ru
     return {b: dict(p) for b, p in results.items()}
 
 
-def _sem(values: np.ndarray) -> float:
-    return float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else math.nan
-
-
-def _wilcoxon(a: dict[int, float], b: dict[int, float]) -> float:
-    common = sorted(set(a) & set(b))
-    diffs = np.array([a[s] - b[s] for s in common])
-    if len(common) < 2:
-        return math.nan
-    if np.allclose(diffs, 0):
-        return 1.0
-    return float(stats.wilcoxon(diffs, zero_method="zsplit").pvalue)
-
-
-def holm(p_values: dict[str, float]) -> dict[str, float]:
-    """Holm's step-down adjustment of a family of p-values (NaN ones are not tested and
-    stay NaN): the i-th smallest of m becomes max over j <= i of min(1, (m - j + 1) p_(j))."""
-    tested = sorted((p, name) for name, p in p_values.items() if not math.isnan(p))
-    adjusted, running = {}, 0.0
-    for index, (p, name) in enumerate(tested):
-        running = max(running, min(1.0, (len(tested) - index) * p))
-        adjusted[name] = running
-    return {name: adjusted.get(name, math.nan) for name in p_values}
-
-
 def _cpu_per_round(runs: list[RunResult]) -> float:
     if any(r.cpu_seconds is None for r in runs):
         return math.nan
@@ -130,7 +106,7 @@ def summarise(results: dict[str, dict[str, list[RunResult]]]) -> dict[str, dict[
             values = np.array([r.final_pseudo_regret for r in runs])
             cells[policy] = Cell(
                 mean=float(values.mean()),
-                sem=_sem(values),
+                sem=sem(values),
                 realised_mean=float(np.mean([r.final_regret for r in runs])),
                 seeds=[r.seed for r in runs],
                 rounds=runs[0].rounds,
@@ -153,7 +129,7 @@ def compare(cells: dict[str, Cell]) -> dict[str, Cell]:
     ranks = stats.rankdata([c.mean for c in cells.values()])
     reference = reference_of(cells)
     tests = {
-        policy: _wilcoxon(finals[policy], finals[reference])
+        policy: paired_wilcoxon(finals[policy], finals[reference])
         if reference in finals and policy in finals and policy != reference
         else math.nan
         for policy in cells
@@ -304,11 +280,7 @@ def markdown(table: dict[str, dict[str, Cell]], title: str, preamble: str = "") 
     if any(
         not math.isnan(c.cpu_seconds_per_round) for cells in table.values() for c in cells.values()
     ):
-        grid(
-            f"CPU seconds per {PAPER_ROUNDS:,} rounds (select + update; one core when each "
-            "worker has one torch thread; the paper's running-time table)",
-            "cpu",
-        )
+        lines.extend(_cpu_grid(table, bandits, policies))
     lines.extend(
         [
             "## Over the data sets each policy ran on (1 = best)",
@@ -320,6 +292,34 @@ def markdown(table: dict[str, dict[str, Cell]], title: str, preamble: str = "") 
     normalised = mean_normalised(table)
     lines.extend(f"| {p} | {r:.2f} | {_fmt(normalised[p])} |" for p, r in mean_ranks(table).items())
     return "\n".join(lines) + "\n"
+
+
+def _cpu_grid(
+    table: dict[str, dict[str, Cell]], bandits: list[str], policies: list[str]
+) -> list[str]:
+    """The paper's running-time table: CPU seconds per PAPER_ROUNDS rounds per data set,
+    their mean over the data sets, and that mean over Greedy's on the same data sets."""
+    lines = [
+        f"## CPU seconds per {PAPER_ROUNDS:,} rounds (select + update; one core when each "
+        "worker has one torch thread; the paper's running-time table)",
+        "",
+        "| policy | " + " | ".join(bandits) + " | mean | mean / Greedy's |",
+        "|---|" + "---|" * (len(bandits) + 2),
+    ]
+    for policy in policies:
+        row = [_cell_text(table[b].get(policy), "cpu") for b in bandits]
+        timed = [b for b in bandits if not math.isnan(_cpu(table[b].get(policy)))]
+        mean = np.mean([_cpu(table[b][policy]) for b in timed]) if timed else math.nan
+        greedy = [_cpu(table[b].get("Greedy")) for b in timed]
+        ratio = mean / np.mean(greedy) if timed and not np.isnan(greedy).any() else math.nan
+        row += [_fmt(float(mean), 0), _fmt(float(ratio), 2)]
+        lines.append(f"| {policy} | " + " | ".join(row) + " |")
+    return [*lines, ""]
+
+
+def _cpu(cell: Cell | None) -> float:
+    """A cell's CPU seconds per PAPER_ROUNDS rounds (NaN without a cell or a CPU time)."""
+    return math.nan if cell is None else PAPER_ROUNDS * cell.cpu_seconds_per_round
 
 
 def write_report(out: Path, title: str, preamble: str = "", rounds: int | None = None) -> Path:

@@ -21,6 +21,7 @@ from models.presets import PRESETS, PRODUCT
 from replay.bandits import PoolBandit
 from replay.cli import build_parser, main, parse_seeds
 from replay.combine import combine
+from replay.paired import holm
 from replay.policies import (
     POLICIES,
     PRESET_POLICIES,
@@ -32,7 +33,6 @@ from replay.policies import (
 )
 from replay.report import (
     collect,
-    holm,
     json_safe,
     markdown,
     seed_ranges,
@@ -260,15 +260,24 @@ def test_report_holm_adjusts_the_tests_and_tables_cpu_time(tmp_path):
     assert math.isnan(table["ROFU"].wilcoxon_holm)
     assert math.isnan(table["ROFU"].cpu_seconds_per_round)  # the fakes record no CPU time
     assert "CPU seconds per" not in markdown({"b": table}, "t")
-    timed = {
-        policy: [dataclasses.replace(r, cpu_seconds=3.0) for r in policy_runs]
-        for policy, policy_runs in runs["b"].items()
-    }
-    table = summarise({"b": timed})["b"]
-    assert table["ROFU"].cpu_seconds_per_round == pytest.approx(1.5)  # 3 s over 2 rounds
-    text = markdown({"b": table}, "t")
+
+    def timed(rofu_cpu: float) -> dict[str, list[RunResult]]:
+        return {
+            policy: [
+                dataclasses.replace(r, cpu_seconds=rofu_cpu if policy == "ROFU" else 1.0)
+                for r in policy_runs
+            ]
+            for policy, policy_runs in runs["b"].items()
+        }
+
+    tables = summarise({"b": timed(3.0), "c": timed(5.0)})
+    assert tables["b"]["ROFU"].cpu_seconds_per_round == pytest.approx(1.5)  # 3 s over 2 rounds
+    text = markdown(tables, "t")
     assert "Holm-adjusted" in text
-    assert "| ROFU | 30000 |" in text  # CPU seconds per 20 000 rounds
+    # CPU seconds per 20 000 rounds on each data set, their mean, and that over Greedy's
+    assert "| policy | b | c | mean | mean / Greedy's |" in text
+    assert "| ROFU | 30000 | 50000 | 40000 | 4.00 |" in text
+    assert "| Greedy | 10000 | 10000 | 10000 | 1.00 |" in text
 
 
 def test_report_tests_the_estimators_against_rofu_exact_without_rofu():
