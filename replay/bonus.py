@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 
 import numpy as np
 
@@ -137,38 +136,3 @@ def _scale(run: RunResult) -> np.ndarray:
     assert run.ascent_step is not None
     steps: np.ndarray = run.ascent_step[np.isfinite(run.ascent_step)] / _set_step(run)
     return steps
-
-
-def plot_bonus(results: Results, folder: Path) -> list[Path]:
-    """One PNG per data set with a bonus: its smoothed mean-bonus curve per policy, on a
-    linear axis cut at the largest value after the first tenth of the rounds (left) and on
-    a log axis in full (right)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for bandit, by_policy in with_bonus(results).items():
-        figure, (linear, log) = plt.subplots(1, 2, figsize=(11, 4.5))
-        curves = {policy: mean_curve(runs) for policy, runs in by_policy.items()}
-        window = max(1, max(curve.size for curve in curves.values()) // 50)
-        top = 0.0
-        for policy, curve in curves.items():
-            smoothed, steps = smooth(curve, window), np.arange(1, curve.size + 1)
-            label = f"{policy} ({len(by_policy[policy])} seeds)"
-            for axis in (linear, log):
-                axis.plot(steps, smoothed, label=label)
-            top = max(top, float(np.nanmax(smoothed[curve.size // 10 :], initial=0.0)))
-        linear.set(ylim=(0, 1.1 * top or None), title=f"{bandit}: bonus of the chosen arm")
-        log.set(yscale="log", title="the same, log axis, uncut")
-        for axis in (linear, log):
-            axis.set(xlabel="round", ylabel=f"mean over seeds, last {window} rounds")
-        linear.legend(fontsize=8)
-        figure.tight_layout()
-        path = folder / f"bonus-{bandit}.png"
-        figure.savefig(path, dpi=110)
-        plt.close(figure)
-        paths.append(path)
-    return paths

@@ -1,12 +1,25 @@
 """Statistics over paired seeds: the standard error, the paired Wilcoxon signed-rank test,
-and Holm's adjustment of a family of its p-values (the replay report's tests against ROFU)."""
+and Holm's adjustment of a family of its p-values (the replay report's tests against ROFU,
+or against the policy `reference_of` names)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import numpy as np
 from scipy import stats
+
+REFERENCE = "ROFU"
+
+
+def reference_of(policies: Iterable[str]) -> str:
+    """What the Wilcoxon tests compare against: ROFU, else the first ROFU flavour in the
+    report's order (e.g. `ROFU-NTK` against `ROFU-exact`), else ROFU all the same."""
+    names = list(policies)
+    if REFERENCE in names:
+        return REFERENCE
+    return next((name for name in names if name.startswith("ROFU")), REFERENCE)
 
 
 def sem(values: np.ndarray) -> float:

@@ -11,6 +11,8 @@ Carlo propensity (replay needs no propensities). ROFU runs a preset of
 `models.presets` (`PRODUCT`, the one the service serves, unless `--preset` names another;
 tuned on seeds disjoint from the reported ones), and `Greedy-matched` is Greedy with the
 preset's network and schedule, the ablation that tells exploration apart from training.
+`ROFU-tuned` runs each data set's tuned preset (`TUNED_PRESETS`) beside ROFU, for the
+paper protocol's second table (`replay.tuned`).
 On a data set whose protocol names a learner (`replay.learners`: the paper's ablation),
 ROFU and its variants, Greedy and EpsilonGreedy all run on that learner instead.
 """
@@ -64,7 +66,8 @@ ESTIMATOR_FLAVOURS = {"ROFU-exact": "exact", "ROFU-NTK": "ntk"}
 PRESET_POLICIES = ("ROFU", *ESTIMATOR_FLAVOURS, "Greedy-matched")
 
 #: The presets the Showdown's data sets were tuned to, on tuning seeds only (the reasons
-#: are in models.presets). `--preset tuned` applies them; nothing applies them by name alone.
+#: are in models.presets). `--preset tuned` applies them to ROFU, and `ROFU-tuned` runs
+#: them beside it; nothing applies them by name alone.
 TUNED_PRESETS: dict[str, str] = {
     "mushroom": "small-lr",
     "covertype": "sgd-decay",
@@ -72,6 +75,10 @@ TUNED_PRESETS: dict[str, str] = {
     "financial": "linear",
     "jester": "linear",
 }
+#: ROFU on each data set's TUNED_PRESETS entry, beside ROFU on one preset: the per-data-set
+#: table of the paper protocol. It runs only where that preset differs from the one ROFU
+#: runs there (`replay.runner.jobs_for`); elsewhere ROFU's own runs are its cell.
+TUNED_POLICY = "ROFU-tuned"
 
 LEARNERS = {
     "rofu": PRODUCT,
@@ -201,9 +208,8 @@ VARIANT_KEYS: dict[str, tuple[str, str, Callable[[str], object]]] = {
 BUILT_IN = (*POLICIES, *PRESET_POLICIES)
 VARIANT_PREFIXES = ("ROFU@", "Greedy-matched@")
 VW_ANCHORS = ("VW-SquareCB", "VW-EpsilonGreedy")
-KNOWN = ", ".join(
-    [*POLICIES, *PRESET_POLICIES, *VW_ANCHORS, *(f"{p}<overrides>" for p in VARIANT_PREFIXES)]
-)
+NAMED = (*BUILT_IN, TUNED_POLICY, *VW_ANCHORS)  # named in --policies, not run by default
+KNOWN = ", ".join([*NAMED, *(f"{p}<overrides>" for p in VARIANT_PREFIXES)])
 
 
 def canonical_policy_name(name: str) -> str:
@@ -211,7 +217,7 @@ def canonical_policy_name(name: str) -> str:
     `ROFU-NTK`, `rofu@eta=1` is `ROFU@eta=1`); ValueError unless it is a built-in policy, a
     VW anchor or a valid variant."""
     head, at, overrides = name.partition("@")
-    spellings = {known.lower(): known for known in (*BUILT_IN, *VW_ANCHORS)}
+    spellings = {known.lower(): known for known in NAMED}
     canonical = spellings.get(head.lower())
     if canonical is not None and not at:
         return canonical
@@ -295,8 +301,9 @@ Base = TypeVar("Base", RofuPreset, Learner)
 
 
 def _flavour(name: str, base: Base) -> Base | None:
-    """`base` for ROFU and Greedy-matched, with the estimator a flavour names; else None."""
-    if name == "ROFU" or name == "Greedy-matched":
+    """`base` for ROFU (and ROFU-tuned) and Greedy-matched, with the estimator a flavour
+    names; else None."""
+    if name in ("ROFU", TUNED_POLICY, "Greedy-matched"):
         return base
     if name in ESTIMATOR_FLAVOURS:
         estimator = ESTIMATOR_FLAVOURS[name]
@@ -353,8 +360,8 @@ def build_policy(
 ) -> Policy:
     """A fresh policy by name (the VW anchors when `vowpalwabbit` is installed).
 
-    `ROFU`, its flavours (`ROFU-exact`, `ROFU-NTK`), their variants and `Greedy-matched`
-    run `preset`; the other policies have their own fixed settings. With a `learner` (the
+    `ROFU`, its flavours (`ROFU-exact`, `ROFU-NTK`), their variants, `ROFU-tuned` (given
+    the data set's tuned preset) and `Greedy-matched` run `preset`; the other policies have their own fixed settings. With a `learner` (the
     bandit's, `replay.learners`), the policies of LEARNER_POLICIES run on it instead and
     the others are refused (ValueError).
     """

@@ -17,28 +17,17 @@ import json
 import math
 import re
 from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 from scipy import stats
 
-from replay import bonus
-from replay.paired import holm, paired_wilcoxon, sem
+from replay import bonus, curves
+from replay.paired import holm, paired_wilcoxon, reference_of, sem
 from replay.simulate import RunResult
 
-REFERENCE = "ROFU"
 PAPER_ROUNDS = 20_000  # the running-time table's unit, as in the paper
-
-
-def reference_of(policies: Iterable[str]) -> str:
-    """What the Wilcoxon tests compare against: ROFU, else the first ROFU flavour in the
-    report's order (e.g. `ROFU-NTK` against `ROFU-exact`), else ROFU all the same."""
-    names = list(policies)
-    if REFERENCE in names:
-        return REFERENCE
-    return next((name for name in names if name.startswith("ROFU")), REFERENCE)
 
 
 NOTES = "NOTES.md"
@@ -170,44 +159,6 @@ def mean_ranks(table: dict[str, dict[str, Cell]]) -> dict[str, float]:
     return dict(sorted(_mean_per_policy(table, "rank").items(), key=lambda kv: kv[1]))
 
 
-def plot_curves(results: dict[str, dict[str, list[RunResult]]], folder: Path) -> list[Path]:
-    """One PNG per data set: mean cumulative pseudo-regret with a +- s.e.m. band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for bandit, by_policy in sorted(results.items()):
-        figure, axis = plt.subplots(figsize=(7, 4.5))
-        for index, (policy, runs) in enumerate(sorted(by_policy.items())):
-            curves = np.stack([np.cumsum(r.pseudo_regret) for r in runs])  # (seeds, T)
-            mean = curves.mean(axis=0)
-            band = curves.std(axis=0, ddof=1) / math.sqrt(len(runs)) if len(runs) > 1 else 0
-            steps = np.arange(1, curves.shape[1] + 1)
-            axis.plot(
-                steps,
-                mean,
-                label=policy,
-                linewidth=2.5 if policy == reference_of(by_policy) else 1.2,
-                linestyle="-" if index < 10 else "--",  # past the 10-colour cycle
-            )
-            axis.fill_between(steps, mean - band, mean + band, alpha=0.15)
-        axis.set(
-            title=f"{bandit}: cumulative pseudo-regret",
-            xlabel="round",
-            ylabel="regret (mean +- s.e.m.)",
-        )
-        axis.legend(fontsize=8, ncol=2)
-        figure.tight_layout()
-        path = folder / f"regret-{bandit}.png"
-        figure.savefig(path, dpi=110)
-        plt.close(figure)
-        paths.append(path)
-    return paths
-
-
 def _fmt(value: float, digits: int = 2) -> str:
     return "n/a" if value is None or math.isnan(value) else f"{value:.{digits}f}"
 
@@ -226,8 +177,9 @@ def seed_ranges(seeds: list[int]) -> str:
 def _cell_text(cell: Cell | None, value: str) -> str:
     if cell is None:
         return "-"
-    if value == "raw":
-        return f"{cell.mean:.1f} +- {_fmt(cell.sem, 1)}"
+    if value in ("raw", "raw+preset"):
+        raw = f"{cell.mean:.1f} +- {_fmt(cell.sem, 1)}"
+        return f"{raw} (`{cell.preset}`)" if value == "raw+preset" and cell.preset else raw
     if value == "time":
         return f"{1000 * cell.seconds_per_round:.2f}"
     if value == "cpu":
@@ -241,6 +193,23 @@ def _cell_text(cell: Cell | None, value: str) -> str:
     return _fmt(getattr(cell, value), 3 if value.startswith("wilcoxon") else 2)
 
 
+def grid_lines(
+    table: dict[str, dict[str, Cell]], heading: str, value: str, policies: list[str]
+) -> list[str]:
+    """One figure (`value`, as `_cell_text` reads it) as a policy x data set table."""
+    bandits = sorted(table)
+    lines = [
+        f"## {heading}",
+        "",
+        "| policy | " + " | ".join(bandits) + " |",
+        "|---|" + "---|" * len(bandits),
+    ]
+    for policy in policies:
+        row = [_cell_text(table[b].get(policy), value) for b in bandits]
+        lines.append(f"| {policy} | " + " | ".join(row) + " |")
+    return [*lines, ""]
+
+
 def markdown(table: dict[str, dict[str, Cell]], title: str, preamble: str = "") -> str:
     """The report as Markdown tables."""
     bandits = sorted(table)
@@ -248,18 +217,7 @@ def markdown(table: dict[str, dict[str, Cell]], title: str, preamble: str = "") 
     lines = [f"# {title}", "", preamble, ""]
 
     def grid(heading: str, value: str) -> None:
-        lines.extend(
-            [
-                f"## {heading}",
-                "",
-                "| policy | " + " | ".join(bandits) + " |",
-                "|---|" + "---|" * len(bandits),
-            ]
-        )
-        for policy in policies:
-            row = [_cell_text(table[b].get(policy), value) for b in bandits]
-            lines.append(f"| {policy} | " + " | ".join(row) + " |")
-        lines.append("")
+        lines.extend(grid_lines(table, heading, value, policies))
 
     grid("Runs behind each cell: seeds x rounds", "runs")
     if any(c.preset for cells in table.values() for c in cells.values()):
@@ -329,22 +287,28 @@ def write_report(out: Path, title: str, preamble: str = "", rounds: int | None =
     A hand-written `out/NOTES.md` (what the figures say) goes in after the preamble, so
     rebuilding the report keeps it.
     """
+    from replay import tuned
+
     results = collect(out, rounds)
     if not results:
         raise FileNotFoundError(f"no runs under {out / 'runs'}")
     preamble = _with_notes(out, preamble)
-    table = summarise(results)
-    plots = plot_curves(results, out / "plots")
+    headline, with_tuned = tuned.split(results)  # ROFU-tuned has a table of its own
+    table = summarise(headline)
+    tuned_table = summarise(with_tuned) if with_tuned else None
+    plots = curves.plot_regret(results, out / "plots")
     text = markdown(table, title, preamble)
+    if tuned_table is not None:
+        text += "\n" + tuned.section(table, tuned_table, results)
     text += "\n## Regret curves\n\n" + _images(plots)
-    bonus_plots = bonus.plot_bonus(results, out / "plots")
+    bonus_plots = curves.plot_bonus(results, out / "plots")
     if bonus_plots:
         table_text = bonus.markdown_table(results)
         text += "\n## Bonus curves\n\n" + table_text + "\n" + _images(bonus_plots)
     steps = bonus.step_table(results)
     if steps:
         text += "\n## Ascent step and the stability cap\n\n" + steps
-    return _write(out, title, table, text)
+    return _write(out, title, table, text, tuned_table)
 
 
 def _images(paths: list[Path]) -> str:
@@ -358,18 +322,30 @@ def _with_notes(out: Path, preamble: str) -> str:
     return f"{preamble}\n\n{notes.read_text(encoding='utf-8').strip()}"
 
 
-def _write(out: Path, title: str, table: dict[str, dict[str, Cell]], text: str) -> Path:
+def _write(
+    out: Path,
+    title: str,
+    table: dict[str, dict[str, Cell]],
+    text: str,
+    tuned: dict[str, dict[str, Cell]] | None = None,
+) -> Path:
+    """README.md and results.json; `tuned`: the table with ROFU on per-data-set presets."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "README.md").write_text(text)
-    payload = {b: {p: asdict(c) for p, c in cells.items()} for b, cells in table.items()}
-    document = {
+    document = _document(title, table)
+    if tuned is not None:
+        document["per_data_set_presets"] = _document(title, tuned)
+    (out / "results.json").write_text(json.dumps(json_safe(document), indent=2))
+    return out / "README.md"
+
+
+def _document(title: str, table: dict[str, dict[str, Cell]]) -> dict[str, object]:
+    return {
         "title": title,
         "mean_rank": mean_ranks(table),
         "mean_normalised": mean_normalised(table),
-        "cells": payload,
+        "cells": {b: {p: asdict(c) for p, c in cells.items()} for b, cells in table.items()},
     }
-    (out / "results.json").write_text(json.dumps(json_safe(document), indent=2))
-    return out / "README.md"
 
 
 def json_safe(value: object) -> object:

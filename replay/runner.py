@@ -101,19 +101,32 @@ def jobs_for(
     """Every combination, seed by seed (so a protocol stopped part way has every data set
     and policy at the seeds it finished); `presets` maps a data set to the preset its
     ROFU-family policies run (the product's where it names none), `learners` to the
-    learner its neural policies run on (`replay.learners`; none where it names none)."""
-    from replay.policies import resolve_preset
+    learner its neural policies run on (`replay.learners`; none where it names none).
 
-    def preset(dataset: str, policy: str) -> str:
+    `ROFU-tuned` runs the data set's tuned preset (`TUNED_PRESETS`), and only where that
+    differs from the preset ROFU runs there: elsewhere its runs would repeat ROFU's bit for
+    bit, so it has no job and the report takes ROFU's cell for it (`replay.tuned`).
+    """
+    from replay.policies import TUNED_POLICY, TUNED_PRESETS, resolve_preset
+
+    presets, learners = presets or {}, learners or {}
+
+    def preset(dataset: str, policy: str) -> str | None:
+        """The preset a job runs; None: no job (ROFU-tuned where it would repeat ROFU)."""
+        if policy == TUNED_POLICY:
+            tuned = TUNED_PRESETS.get(dataset)
+            repeats = tuned in (None, preset(dataset, "ROFU")) or dataset in learners
+            return None if repeats else tuned
         if resolve_preset(policy) is None:
             return PRODUCT.name
-        return (presets or {}).get(dataset, PRODUCT.name)
+        return presets.get(dataset, PRODUCT.name)
 
     return [
-        Job(d, p, s, rounds, preset(d, p), (learners or {}).get(d, ""))
+        Job(d, p, s, rounds, name, learners.get(d, ""))
         for s in seeds
         for d in datasets
         for p in policies
+        if (name := preset(d, p)) is not None
     ]
 
 
