@@ -361,9 +361,9 @@ def build_policy(
     """A fresh policy by name (the VW anchors when `vowpalwabbit` is installed).
 
     `ROFU`, its flavours (`ROFU-exact`, `ROFU-NTK`), their variants, `ROFU-tuned` (given
-    the data set's tuned preset) and `Greedy-matched` run `preset`; the other policies have their own fixed settings. With a `learner` (the
-    bandit's, `replay.learners`), the policies of LEARNER_POLICIES run on it instead and
-    the others are refused (ValueError).
+    the data set's tuned preset) and `Greedy-matched` run `preset`; the other policies
+    have their own fixed settings. With a `learner` (the bandit's, `replay.learners`), the
+    policies of LEARNER_POLICIES run on it instead and the others are refused (ValueError).
     """
     if learner is not None:
         return _on_learner(name, learner, seed, device)
