@@ -4,6 +4,7 @@ and a default output folder that no committed report lives in."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -114,8 +115,10 @@ def test_default_out_folder_is_git_ignored() -> None:
 
 
 def _readme_replay_commands() -> list[list[str]]:
+    """Every README line that runs `rofu replay`, after environment settings such as
+    `OMP_NUM_THREADS=1` (which the long studies' commands start with)."""
     text = (ROOT / "README.md").read_text().replace("\\\n", " ")
-    lines = [line.strip() for line in text.splitlines()]
+    lines = [re.sub(r"^(\w+=\S*\s+)*", "", line.strip()) for line in text.splitlines()]
     return [shlex.split(line, comments=True) for line in lines if line.startswith("rofu replay ")]
 
 
