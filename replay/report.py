@@ -239,17 +239,20 @@ def markdown(table: dict[str, dict[str, Cell]], title: str, preamble: str = "") 
         not math.isnan(c.cpu_seconds_per_round) for cells in table.values() for c in cells.values()
     ):
         lines.extend(_cpu_grid(table, bandits, policies))
-    lines.extend(
-        [
-            "## Over the data sets each policy ran on (1 = best)",
-            "",
-            "| policy | mean rank | mean normalised regret |",
-            "|---|---|---|",
-        ]
-    )
-    normalised = mean_normalised(table)
-    lines.extend(f"| {p} | {r:.2f} | {_fmt(normalised[p])} |" for p, r in mean_ranks(table).items())
+    lines.extend(rank_lines(table, "Over the data sets each policy ran on (1 = best)"))
     return "\n".join(lines) + "\n"
+
+
+def rank_lines(table: dict[str, dict[str, Cell]], heading: str) -> list[str]:
+    """Each policy's mean rank and mean normalised regret over the data sets it ran on."""
+    normalised = mean_normalised(table)
+    return [
+        f"## {heading}",
+        "",
+        "| policy | mean rank | mean normalised regret |",
+        "|---|---|---|",
+        *(f"| {p} | {r:.2f} | {_fmt(normalised[p])} |" for p, r in mean_ranks(table).items()),
+    ]
 
 
 def _cpu_grid(

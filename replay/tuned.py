@@ -19,8 +19,8 @@ from replay.report import (
     _cell_text,
     _fmt,
     grid_lines,
-    mean_normalised,
     mean_ranks,
+    rank_lines,
     summarise,
 )
 from replay.simulate import RunResult
@@ -81,14 +81,7 @@ def section(headline: Table, tuned: Table, results: Results) -> str:
         "wilcoxon_holm",
         policies,
     )
-    normalised = mean_normalised(tuned)
-    lines += [
-        "## Per-data-set presets: over the data sets each policy ran on (1 = best)",
-        "",
-        "| policy | mean rank | mean normalised regret |",
-        "|---|---|---|",
-        *(f"| {p} | {r:.2f} | {_fmt(normalised[p])} |" for p, r in mean_ranks(tuned).items()),
-    ]
+    lines += rank_lines(tuned, "Per-data-set presets: over the data sets each policy ran on")
     return "\n".join(lines) + "\n"
 
 
