@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -13,11 +14,7 @@ from replay.paired import reference_of
 
 def plot_regret(results: Results, folder: Path) -> list[Path]:
     """One PNG per data set: mean cumulative pseudo-regret with a +- s.e.m. band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for bandit, by_policy in sorted(results.items()):
@@ -41,11 +38,7 @@ def plot_regret(results: Results, folder: Path) -> list[Path]:
             ylabel="regret (mean +- s.e.m.)",
         )
         axis.legend(fontsize=8, ncol=2)
-        figure.tight_layout()
-        path = folder / f"regret-{bandit}.png"
-        figure.savefig(path, dpi=110)
-        plt.close(figure)
-        paths.append(path)
+        paths.append(_save(figure, folder / f"regret-{bandit}.png"))
     return paths
 
 
@@ -53,11 +46,7 @@ def plot_bonus(results: Results, folder: Path) -> list[Path]:
     """One PNG per data set with a bonus: its smoothed mean-bonus curve per policy, on a
     linear axis cut at the largest value after the first tenth of the rounds (left) and on
     a log axis in full (right)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for bandit, by_policy in with_bonus(results).items():
@@ -76,9 +65,22 @@ def plot_bonus(results: Results, folder: Path) -> list[Path]:
         for axis in (linear, log):
             axis.set(xlabel="round", ylabel=f"mean over seeds, last {window} rounds")
         linear.legend(fontsize=8)
-        figure.tight_layout()
-        path = folder / f"bonus-{bandit}.png"
-        figure.savefig(path, dpi=110)
-        plt.close(figure)
-        paths.append(path)
+        paths.append(_save(figure, folder / f"bonus-{bandit}.png"))
     return paths
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (no display; imported only to draw)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(figure: Any, path: Path) -> Path:
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    _pyplot().close(figure)
+    return path
