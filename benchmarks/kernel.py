@@ -11,6 +11,9 @@ minibatch 256, |D| = 20 000) it times, for 1 and for 32 concurrent contexts:
   chunks; `rofu_exact_chunk256`: the same kernel 256 pairs a chunk (what the chunks buy);
 - `rofu_ntk`: NTK-ROFU from a prepared basis (`models.rofu_ntk`; the basis itself, built
   once per checkpoint, is timed as `ntk_prepare`);
+- `rofu_exact_graphs` (CUDA only): the exact kernel replayed from the CUDA graph of its
+  batch bucket (`models.rofu_graphs`), as the service scores on a GPU; captured during the
+  warm-up;
 - `neuralucb_diag` and `greedy` scoring on the same network;
 
 plus a plain fp32 matrix product for the machine's rate. Repetitions are interleaved
@@ -49,6 +52,7 @@ from models import (
 )
 from models.policies import NeuralUCB, NeuralUCBParams
 from models.rofu import ntk_basis, rofu_scores
+from models.rofu_graphs import GraphedExact
 from models.rofu_naive import rofu_scores_naive
 
 CONTENDERS = (
@@ -58,6 +62,7 @@ CONTENDERS = (
     "rofu_exact",
     "rofu_exact_chunk256",
     "rofu_ntk",
+    "rofu_exact_graphs",
     "neuralucb_diag",
     "greedy",
 )
@@ -184,7 +189,7 @@ def contenders(setup: Setup, contexts: torch.Tensor) -> dict[str, Callable[[], o
             .cpu()
         )
 
-    return {
+    fns: dict[str, Callable[[], object]] = {
         "naive": lambda: rofu_scores_naive(
             net, contexts, data, config, torch.Generator().manual_seed(2)
         ),
@@ -197,6 +202,12 @@ def contenders(setup: Setup, contexts: torch.Tensor) -> dict[str, Callable[[], o
         "neuralucb_diag": neural_ucb_diag,
         "greedy": greedy,
     }
+    if contexts.is_cuda:
+        graphed = GraphedExact(net, data, config)
+        fns["rofu_exact_graphs"] = lambda: (
+            graphed(contexts, torch.Generator().manual_seed(2)).ucb.argmax(dim=1).cpu()
+        )
+    return fns
 
 
 def matmul_gflops(device: torch.device, repeats: int, size: int = 2048) -> float:
@@ -230,9 +241,11 @@ def entry(work: Workload, batch: int, medians: dict[str, float], peak: float) ->
         "rofu_reference_chunked": work.exact_flops(batch * work.n_arms),
         "rofu_exact": work.exact_flops(batch * work.n_arms, last_update=False),
         "rofu_exact_chunk256": work.exact_flops(batch * work.n_arms, last_update=False),
+        "rofu_exact_graphs": work.exact_flops(batch * work.n_arms, last_update=False),
         "rofu_ntk": work.ntk_flops(batch),
         "ntk_prepare": work.ntk_prepare_flops(),
     }
+    flops = {name: f for name, f in flops.items() if name in medians}
     out: dict[str, Any] = {f"{name}_ms": 1e3 * seconds for name, seconds in medians.items()}
     out["ratios"] = {
         "rofu_reference_over_exact": medians["rofu_reference"] / medians["rofu_exact"],
@@ -245,6 +258,8 @@ def entry(work: Workload, batch: int, medians: dict[str, float], peak: float) ->
         "exact_over_neuralucb_diag": medians["rofu_exact"] / medians["neuralucb_diag"],
         "naive_over_exact": medians["naive"] / medians["rofu_exact"],
     }
+    if "rofu_exact_graphs" in medians:
+        out["ratios"]["exact_over_graphs"] = medians["rofu_exact"] / medians["rofu_exact_graphs"]
     out["flops"] = flops
     out["share_of_matmul"] = {k: f / medians[k] / 1e9 / peak for k, f in flops.items()}
     out["flop_floor_ms"] = {k: 1e3 * f / 1e9 / peak for k, f in flops.items()}
@@ -336,6 +351,8 @@ def format_report(result: dict[str, Any]) -> str:
     ]
     for batch, row in result["contexts"].items():
         for name in (*CONTENDERS, "ntk_prepare"):
+            if f"{name}_ms" not in row:
+                continue  # rofu_exact_graphs off CUDA
             ms = row[f"{name}_ms"]
             share = row["share_of_matmul"].get(name)
             floor = row["flop_floor_ms"].get(name)
@@ -352,6 +369,11 @@ def format_report(result: dict[str, Any]) -> str:
             f"reference/ntk = {ratios['rofu_reference_over_ntk']:.1f}x, "
             f"ntk/NeuralUCB-diag = {ratios['ntk_over_neuralucb_diag']:.2f}x, "
             f"exact/NeuralUCB-diag = {ratios['exact_over_neuralucb_diag']:.1f}x"
+            + (
+                f", exact/graphs = {ratios['exact_over_graphs']:.2f}x"
+                if "exact_over_graphs" in ratios
+                else ""
+            )
         )
     near = result["closeness"]
     lines.append("")

@@ -4,11 +4,14 @@ A request's scores depend only on the served version, its candidates (with their
 features: the catalogue's, or the request's own) and its context:
 every random number of the estimator (the regulariser's minibatches) comes from the
 checkpoint's own generator, drawn afresh for every call, so batch mates and earlier
-calls change nothing. The choice is random only where the selection rule says so (ties,
-the exploration floor, inverse-gap weighting), and its draw is one uniform number per
-event, derived from the seed and the event id (`event_uniform`): the logged
-probabilities are exactly those the draw used, and the draw can be recomputed from the
-log.
+calls change nothing: bit for bit on a CPU, and with NTK-ROFU on a GPU. The exact
+estimator on a GPU replays one CUDA graph per batch-size bucket, and cuBLAS picks its
+kernels by shape, so there batch mates can move a score in its last float32 bits (4e-6
+relative, measured on an H100; `benchmarks/RESULTS.md`). The choice is random only where
+the selection rule says so (ties, the exploration floor, inverse-gap weighting), and its
+draw is one uniform number per event, derived from the seed and the event id
+(`event_uniform`): the logged probabilities are exactly those the draw used, and the draw
+can be recomputed from the log.
 """
 
 from __future__ import annotations

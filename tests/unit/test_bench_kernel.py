@@ -12,23 +12,40 @@ from benchmarks import kernel
 TINY = kernel.Workload(context_dim=4, n_arms=3, hidden=(8,), steps=3, minibatch=16, n_data=120)
 
 
-def test_bench_kernel_report_has_every_contender_ratio_and_share():
-    result = kernel.report(TINY, torch.device("cpu"), repeats=1)
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    ),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bench_kernel_report_has_every_contender_ratio_and_share(device):
+    result = kernel.report(TINY, torch.device(device), repeats=1)
     json.dumps(result)  # what --json writes
     assert result["matmul_gflops"] > 0
     assert set(result["contexts"]) == {"1", "32"}
+    graphs = {"rofu_exact_graphs"} if device == "cuda" else set()  # CUDA graphs: a GPU only
     for row in result["contexts"].values():
-        for name in kernel.CONTENDERS:
+        for name in set(kernel.CONTENDERS) - {"rofu_exact_graphs"} | graphs:
             assert row[f"{name}_ms"] > 0
-        assert set(row["share_of_matmul"]) == {
-            "rofu_reference",
-            "rofu_reference_chunked",
-            "rofu_exact",
-            "rofu_exact_chunk256",
-            "rofu_ntk",
-            "ntk_prepare",
-        }
+        assert ("rofu_exact_graphs_ms" in row) == bool(graphs)
+        assert (
+            set(row["share_of_matmul"])
+            == {
+                "rofu_reference",
+                "rofu_reference_chunked",
+                "rofu_exact",
+                "rofu_exact_chunk256",
+                "rofu_ntk",
+                "ntk_prepare",
+            }
+            | graphs
+        )
         assert all(v > 0 for v in row["flop_floor_ms"].values())
+        assert ("exact_over_graphs" in row["ratios"]) == bool(graphs)
     for baseline in ("start", "drift"):
         near = result["closeness"][baseline]
         assert 0.0 <= near["same_choice_share"] <= 1.0
@@ -36,6 +53,8 @@ def test_bench_kernel_report_has_every_contender_ratio_and_share():
     assert "rofu_ntk" in text
     assert "reference/exact" in text
     assert "exact at 256/exact" in text
+    assert ("exact/graphs" in text) == bool(graphs)
+    assert ("rofu_exact_graphs" in text) == bool(graphs)
 
 
 def test_bench_kernel_flop_counts_order_the_estimators():

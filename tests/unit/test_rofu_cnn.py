@@ -1,8 +1,8 @@
 """ROFU on any reward model: a small CNN with batch norm on image contexts equals the naive
 loop (fast path falling back to torch.func, and torch.func itself), in both forms; NTK
 equals exact on an image model linear in its parameters, and the explicit linearised
-ascent on the CNN; the network's mode and buffers are left as they were; the neural
-policies run on the CNN (those that read an MLP's layers refuse it)."""
+ascent on the CNN; the network's mode and buffers are left as they were; on a GPU it
+equals the CPU; the neural policies run on the CNN (those that read an MLP's layers refuse it)."""
 
 from __future__ import annotations
 
@@ -131,6 +131,23 @@ def test_rofu_cnn_runs_in_eval_mode_and_leaves_mode_and_buffers_untouched(estima
     torch.testing.assert_close(got.bonus, want.bonus, rtol=0, atol=0)
     with torch.no_grad():
         torch.testing.assert_close(got.mean, net.eval().score_all(contexts))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("estimator", ["exact", "ntk"])
+@pytest.mark.parametrize("form", FORMS)
+def test_rofu_cnn_on_cuda_equals_cpu(form, estimator):
+    # float64 on both devices: the convolutions and batch norm differ only in summation order.
+    net, data, features, contexts = _problem(form)
+    config = RofuConfig(steps=3, step_size=0.5, minibatch_size=16, estimator=estimator)
+    cpu = _scores(net, contexts, data, config, features)
+    gpu = _scores(
+        net.cuda(), contexts.cuda(), data, config, None if features is None else features.cuda()
+    )
+    assert gpu.bonus.is_cuda
+    assert bool((cpu.bonus > 0).any()), "the case must exercise a non-zero bonus"
+    torch.testing.assert_close(gpu.mean.cpu(), cpu.mean, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(gpu.bonus.cpu(), cpu.bonus, rtol=1e-7, atol=1e-10)
 
 
 class _LinearPair(nn.Module):

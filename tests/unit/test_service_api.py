@@ -347,10 +347,12 @@ async def test_service_scores_are_rofu_scores_of_the_served_checkpoint(
         )
     for decision in (first, second):
         got = torch.tensor([[s["mean"] for s in decision["scores"]]], dtype=torch.float64)
-        torch.testing.assert_close(got, want.mean[:, :4].double(), rtol=1e-5, atol=1e-6)
+        # `want` is on the served network's device (CUDA where present: device `auto`).
+        torch.testing.assert_close(got, want.mean[:, :4].double().cpu(), rtol=1e-5, atol=1e-6)
         bonus = torch.tensor([[s["bonus"] for s in decision["scores"]]], dtype=torch.float64)
         if estimator == "ntk":
-            torch.testing.assert_close(bonus, want.bonus[:, :4].double(), rtol=1e-5, atol=1e-6)
+            want_bonus = want.bonus[:, :4].double().cpu()
+            torch.testing.assert_close(bonus, want_bonus, rtol=1e-5, atol=1e-6)
     if estimator == "ntk":
         assert first["scores"] == second["scores"]
 
