@@ -304,6 +304,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 httpx.Client(base_url=f"http://127.0.0.1:{canary_port}", timeout=30)
             )
             _wait("the canary replica answers", lambda: canary.get("/healthz"), processes)
+            # Prometheus scrapes every target once before the traffic: increase() counts
+            # only what a counter gains after its first sample, and on an idle machine the
+            # traffic used to end before Prometheus's first scrape (every increase 0).
+            _wait(
+                "every scrape target is up before the traffic",
+                lambda: _targets_up(prometheus) == {"rofu-api": 2, "rofu-trainer": 1},
+                processes,
+            )
             for round_no, version in ((1, 2), (2, 3)):
                 _drive(client, round_no, statuses)
                 statuses["canary"].append(canary.get("/readyz").status_code)
