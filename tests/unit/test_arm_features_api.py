@@ -237,9 +237,7 @@ async def test_evaluation_rescores_the_log_with_each_requests_own_arm_features(
             await _reward(client, decision["event_id"], 1.0)
         log = read_service_log(_runtime(app).sessions)
         scores = checkpoint_scores(settings, _runtime(app).sessions, log, version)
-        snapshot = _runtime(app).holder.current
-        assert snapshot is not None
-        served_on = next(snapshot.net.parameters()).device.type
+        served_on = _runtime(app).device.type
     # `rofu evaluate` rescores on the CPU: bit for bit what a CPU served, to float32
     # rounding what a GPU served (device `auto` serves on CUDA where present).
     rel = 1e-6 if served_on == "cpu" else 1e-4
