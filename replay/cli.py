@@ -167,7 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.combine:
         return _combine(parser, args, argv)
     out = args.out or DEFAULT_OUT / args.protocol
-    datasets, file = ((), None) if args.report_only else _datasets(parser, args, protocol)
+    if args.report_only:
+        datasets, file = _named_datasets(parser, args), None
+    else:
+        datasets, file = _datasets(parser, args, protocol)
     if args.http:
         return _http(parser, args.http, datasets, file, seeds, rounds, out, args.data_dir)
     try:  # matched without regard to case; run files and reports use the canonical name
@@ -186,8 +189,15 @@ def main(argv: list[str] | None = None) -> int:
             progress=not args.no_progress,
             files=() if file is None else (file,),
         )
-    from replay.report import write_report
+    from replay.report import Selection, write_report
 
+    # The report holds only the runs of the seeds, data sets and policies the command names,
+    # as its rerun from a clean clone would; where it names none, every run on disk.
+    only = Selection(
+        seeds=frozenset(seeds) if args.seeds else None,
+        datasets=frozenset(datasets) if args.datasets or args.dataset_file else None,
+        policies=frozenset(policies) if args.policies else None,
+    )
     # Without --report-only: run files stay out of git, and the full command skips the runs
     # that are there, so it regenerates the report from a clean clone as well.
     command = _command([a for a in argv if a != "--report-only"])
@@ -196,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{list(seeds)}; regenerate with `{command}`." + _learner_lines(protocol, datasets)
     )
     try:
-        print(write_report(out, f"Replay report: {protocol.name}", preamble, rounds=rounds))
+        print(write_report(out, f"Replay report: {protocol.name}", preamble, rounds, only))
     except FileNotFoundError as exc:  # --report-only where nothing has run
         parser.error(f"{exc} for T = {rounds}")
     return 0
@@ -250,6 +260,18 @@ def _datasets(
     except (ValueError, FileNotFoundError) as exc:
         parser.error(str(exc))
     return (names, None) if file is None else ((*names, file.name), file)
+
+
+def _named_datasets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, ...]:
+    """The data sets a `--report-only` command names (the registered ones checked by name
+    only: the report reads run files, not data), the file's name last."""
+    try:
+        names = check_datasets(args.datasets or (), files=False)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.dataset_file is not None:
+        names = (*names, args.dataset_name or default_name(args.dataset_file))
+    return names
 
 
 def _dataset_file(

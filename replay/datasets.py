@@ -245,19 +245,22 @@ def _registered(name: str) -> Dataset:
     return DATASETS[key]
 
 
-def check_datasets(names: Iterable[str], data_dir: Path | None = None) -> tuple[str, ...]:
+def check_datasets(
+    names: Iterable[str], data_dir: Path | None = None, files: bool = True
+) -> tuple[str, ...]:
     """The registered names, lower-cased and once each, after checking that their files exist.
 
     Args:
         names: data set names, any case.
         data_dir: the benchmark data folder; None resolves it with `config.data_dir`.
+        files: False checks the names only (a report rebuilt from run files reads no data).
 
     Raises:
         ValueError: a name is not registered.
         FileNotFoundError: the folder, or a file a named data set reads, is missing.
     """
     needs = {name.lower(): _registered(name).files for name in names}
-    if any(needs.values()):
+    if files and any(needs.values()):
         folder = config.data_dir(data_dir)
         missing = [
             f"{file} ({key})"

@@ -60,15 +60,56 @@ class Cell:
         return bool(self.finals) and len(self.finals) == len(self.seeds)
 
 
-def collect(out: Path, rounds: int | None = None) -> dict[str, dict[str, list[RunResult]]]:
-    """Every saved run under `out/runs`, by bandit then policy (optionally one T only)."""
+@dataclass(frozen=True)
+class Selection:
+    """Which saved runs a report covers: those of the seeds, data sets and policies its
+    command names, so that a report rebuilt from the runs on disk holds what a rerun of its
+    command from a clean clone would (None: any)."""
+
+    seeds: frozenset[int] | None = None
+    datasets: frozenset[str] | None = None
+    policies: frozenset[str] | None = None
+
+    def admits(self, run: RunResult) -> bool:
+        return (
+            (self.seeds is None or run.seed in self.seeds)
+            and (self.datasets is None or run.bandit in self.datasets)
+            and (self.policies is None or run.policy in self.policies)
+        )
+
+    def describe(self) -> str:
+        """The selection in words, for an error that found no run in it."""
+        parts = [
+            f"{what} {', '.join(str(v) for v in sorted(values))}"
+            for what, values in (
+                ("seeds", self.seeds),
+                ("data sets", self.datasets),
+                ("policies", self.policies),
+            )
+            if values is not None
+        ]
+        return f" of {'; '.join(parts)}" if parts else ""
+
+
+EVERY_RUN = Selection()
+
+
+def collect(
+    out: Path, rounds: int | None = None, only: Selection = EVERY_RUN
+) -> dict[str, dict[str, list[RunResult]]]:
+    """Every saved run under `out/runs`, by bandit then policy (optionally one T only, and
+    only the runs `only` admits)."""
     results: dict[str, dict[str, list[RunResult]]] = defaultdict(lambda: defaultdict(list))
     for path in sorted((out / "runs").glob("*/*/seed*-T*.npz")):
         # seed<s>-T<rounds>.npz, or seed<s>-T<rounds>-<preset>.npz for a non-product preset
-        found = re.fullmatch(r"seed\d+-T(\d+)(-.+)?", path.stem)
-        if found is None or (rounds is not None and int(found.group(1)) != rounds):
+        found = re.fullmatch(r"seed(\d+)-T(\d+)(-.+)?", path.stem)
+        if found is None or (rounds is not None and int(found.group(2)) != rounds):
+            continue
+        if only.seeds is not None and int(found.group(1)) not in only.seeds:
             continue
         run = RunResult.load(path)
+        if not only.admits(run):
+            continue
         runs = results[run.bandit][run.policy]
         if any(other.seed == run.seed and other.rounds == run.rounds for other in runs):
             raise ValueError(
@@ -283,18 +324,25 @@ def _cpu(cell: Cell | None) -> float:
     return math.nan if cell is None else PAPER_ROUNDS * cell.cpu_seconds_per_round
 
 
-def write_report(out: Path, title: str, preamble: str = "", rounds: int | None = None) -> Path:
-    """Collect, summarise and write README.md, results.json, regret PNGs and, where runs
-    recorded an exploration bonus, bonus PNGs (`replay.bonus`) into `out`.
+def write_report(
+    out: Path,
+    title: str,
+    preamble: str = "",
+    rounds: int | None = None,
+    only: Selection = EVERY_RUN,
+) -> Path:
+    """Collect (the runs `only` admits), summarise and write README.md, results.json,
+    regret PNGs and, where runs recorded an exploration bonus, bonus PNGs (`replay.bonus`)
+    into `out`.
 
     A hand-written `out/NOTES.md` (what the figures say) goes in after the preamble, so
     rebuilding the report keeps it.
     """
     from replay import tuned
 
-    results = collect(out, rounds)
+    results = collect(out, rounds, only)
     if not results:
-        raise FileNotFoundError(f"no runs under {out / 'runs'}")
+        raise FileNotFoundError(f"no runs{only.describe()} under {out / 'runs'}")
     preamble = _with_notes(out, preamble)
     headline, with_tuned = tuned.split(results)  # ROFU-tuned has a table of its own
     table = summarise(headline)

@@ -410,6 +410,48 @@ def test_replay_cli_combine_needs_an_out_folder_of_its_own(tmp_path, capsys):
     assert f"regenerate with `rofu replay --out {tmp_path / 'a'} --rounds 2`" in regenerate
 
 
+def test_replay_report_holds_only_the_seeds_data_sets_and_policies_it_names(tmp_path, capsys):
+    out = tmp_path / "study"
+    for bandit in ("statlog", "mushroom"):
+        for policy in ("ROFU", "Greedy"):
+            for seed in range(4):
+                per_round = np.full(2, float(seed))
+                run = RunResult(
+                    bandit, policy, seed, np.zeros(2, np.int64), per_round, per_round, 1.0
+                )
+                run.save(out / "runs" / bandit / policy / f"seed{seed}-T2.npz")
+
+    def cells(*argv: str) -> dict:
+        assert main(["--report-only", "--out", str(out), "--rounds", "2", *argv]) == 0
+        return json.loads((out / "results.json").read_text())["cells"]
+
+    everything = cells()
+    assert {b: sorted(p) for b, p in everything.items()} == {
+        "mushroom": ["Greedy", "ROFU"],
+        "statlog": ["Greedy", "ROFU"],
+    }
+    assert everything["statlog"]["ROFU"]["seeds"] == [0, 1, 2, 3]
+    some = cells("--seeds", "0-1")
+    assert {cell["seeds"] == [0, 1] for by in some.values() for cell in by.values()} == {True}
+    assert some["statlog"]["ROFU"]["mean"] == pytest.approx(1.0)  # 2 x seed over seeds 0, 1
+    assert "--seeds 0-1" in (out / "README.md").read_text()
+    one = cells("--datasets", "Statlog", "--policies", "rofu,greedy", "--seeds", "3")
+    assert list(one) == ["statlog"]
+    assert one["statlog"]["ROFU"]["seeds"] == [3]
+    assert list(cells("--policies", "Greedy")["mushroom"]) == ["Greedy"]
+    written = (out / "README.md").read_text()
+    for argv, message in (
+        (["--seeds", "7"], "no runs of seeds 7 under"),
+        (["--datasets", "nope"], "unknown data set 'nope'"),
+        (["--policies", "LinUCB"], "no runs of policies LinUCB under"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(["--report-only", "--out", str(out), "--rounds", "2", *argv])
+        assert exc.value.code == 2
+        assert message in capsys.readouterr().err
+    assert (out / "README.md").read_text() == written  # a refused rebuild changes nothing
+
+
 def test_json_safe_turns_non_finite_into_null():
     assert json_safe({"a": [1.0, math.nan], "b": math.inf, "c": "x"}) == {
         "a": [1.0, None],
