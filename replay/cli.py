@@ -167,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.combine:
         return _combine(parser, args, argv)
     out = args.out or DEFAULT_OUT / args.protocol
+    if args.http and args.report_only:
+        parser.error("--report-only rebuilds a report from run files; it does not go with --http")
     if args.report_only:
         datasets, file = _named_datasets(parser, args), None
     else:

@@ -450,6 +450,10 @@ def test_replay_report_holds_only_the_seeds_data_sets_and_policies_it_names(tmp_
         assert exc.value.code == 2
         assert message in capsys.readouterr().err
     assert (out / "README.md").read_text() == written  # a refused rebuild changes nothing
+    with pytest.raises(SystemExit) as exc:
+        main(["--report-only", "--out", str(out), "--http", "http://127.0.0.1:9"])
+    assert exc.value.code == 2
+    assert "does not go with --http" in capsys.readouterr().err
 
 
 def test_json_safe_turns_non_finite_into_null():
