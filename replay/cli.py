@@ -191,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             progress=not args.no_progress,
             files=() if file is None else (file,),
         )
-    from replay.report import Selection, write_report
+    from replay.report import write_report
+    from replay.runs import Selection
 
     # The report holds only the runs of the seeds, data sets and policies the command names,
     # as its rerun from a clean clone would; where it names none, every run on disk.

@@ -32,7 +32,6 @@ from replay.policies import (
     rofu_variant,
 )
 from replay.report import (
-    collect,
     json_safe,
     markdown,
     seed_ranges,
@@ -40,6 +39,7 @@ from replay.report import (
     write_report,
 )
 from replay.runner import Job, jobs_for, run_jobs
+from replay.runs import collect
 from replay.simulate import WARM_START, RunResult, simulate
 
 ARMS = 3

@@ -1,0 +1,71 @@
+"""Which saved runs a report reads: the run files under `<out>/runs`, by data set and
+policy, narrowed to the seeds, data sets and policies a command names."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from replay.simulate import RunResult
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which saved runs a report covers: those of the seeds, data sets and policies its
+    command names, so that a report rebuilt from the runs on disk holds what a rerun of its
+    command from a clean clone would (None: any)."""
+
+    seeds: frozenset[int] | None = None
+    datasets: frozenset[str] | None = None
+    policies: frozenset[str] | None = None
+
+    def admits(self, run: RunResult) -> bool:
+        return (
+            (self.seeds is None or run.seed in self.seeds)
+            and (self.datasets is None or run.bandit in self.datasets)
+            and (self.policies is None or run.policy in self.policies)
+        )
+
+    def describe(self) -> str:
+        """The selection in words, for an error that found no run in it."""
+        parts = [
+            f"{what} {', '.join(str(v) for v in sorted(values))}"
+            for what, values in (
+                ("seeds", self.seeds),
+                ("data sets", self.datasets),
+                ("policies", self.policies),
+            )
+            if values is not None
+        ]
+        return f" of {'; '.join(parts)}" if parts else ""
+
+
+EVERY_RUN = Selection()
+
+
+def collect(
+    out: Path, rounds: int | None = None, only: Selection = EVERY_RUN
+) -> dict[str, dict[str, list[RunResult]]]:
+    """Every saved run under `out/runs`, by bandit then policy (optionally one T only, and
+    only the runs `only` admits)."""
+    results: dict[str, dict[str, list[RunResult]]] = defaultdict(lambda: defaultdict(list))
+    for path in sorted((out / "runs").glob("*/*/seed*-T*.npz")):
+        # seed<s>-T<rounds>.npz, or seed<s>-T<rounds>-<preset>.npz for a non-product preset
+        found = re.fullmatch(r"seed(\d+)-T(\d+)(-.+)?", path.stem)
+        if found is None or (rounds is not None and int(found.group(2)) != rounds):
+            continue
+        if only.seeds is not None and int(found.group(1)) not in only.seeds:
+            continue
+        run = RunResult.load(path)
+        if not only.admits(run):
+            continue
+        runs = results[run.bandit][run.policy]
+        if any(other.seed == run.seed and other.rounds == run.rounds for other in runs):
+            raise ValueError(
+                f"{out}: two runs of {run.policy} on {run.bandit}, seed {run.seed}, "
+                f"T = {run.rounds} (different presets); a report takes one: use a fresh --out"
+            )
+        runs.append(run)
+    return {b: dict(p) for b, p in results.items()}
