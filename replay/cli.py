@@ -349,6 +349,7 @@ def _http(
 ) -> int:
     from replay.datasets import load_bandit
     from replay.http_driver import play, serve_command
+    from replay.runs import run_name
     from rofu.client import RofuError
 
     figures = []
@@ -361,7 +362,7 @@ def _http(
                 parser.error(f"{exc}; start a service for it with:\n  {serve_command(bandit)}")
             except RofuError as exc:
                 parser.error(f"the service at {url} answered {exc}")
-            run.result.save(out / "http" / name / f"seed{seed}-T{rounds}.npz")
+            run.result.save(out / "http" / name / run_name(seed, rounds))
             figures.append(
                 {
                     "dataset": name,

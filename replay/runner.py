@@ -28,6 +28,7 @@ from tqdm import tqdm
 from models.presets import PRODUCT, get_preset
 from replay.bandits import Bandit
 from replay.datafile import ClassificationFile
+from replay.runs import run_name
 from replay.simulate import RunResult, simulate
 
 if TYPE_CHECKING:
@@ -86,8 +87,7 @@ class Job:
         the name)."""
         tag = "" if self.preset == PRODUCT.name else f"-{self.preset}"
         tag += f"-{self.learner}" if self.learner else ""
-        name = f"seed{self.seed}-T{self.rounds}{tag}.npz"
-        return out / "runs" / self.bandit / self.policy / name
+        return out / "runs" / self.bandit / self.policy / run_name(self.seed, self.rounds, tag)
 
 
 def jobs_for(

@@ -44,6 +44,22 @@ class Selection:
 
 EVERY_RUN = Selection()
 
+# seed<s>-T<rounds>.npz, or seed<s>-T<rounds>-<tag>.npz where the run names a preset other
+# than the product's, or a learner; never <name>.npz.partial.npz, a run still being written
+# (`RunResult.save`)
+_RUN_NAME = re.compile(r"seed(\d+)-T(\d+)(-[^.]+)?")
+
+
+def run_name(seed: int, rounds: int, tag: str = "") -> str:
+    """The file name of one run (`tag`: "" or "-<preset>", "-<learner>", both in turn)."""
+    return f"seed{seed}-T{rounds}{tag}.npz"
+
+
+def seed_and_rounds(path: Path) -> tuple[int, int] | None:
+    """The seed and T a run file's name gives (None: not a run file's name)."""
+    found = _RUN_NAME.fullmatch(path.stem)
+    return None if found is None else (int(found.group(1)), int(found.group(2)))
+
 
 def collect(
     out: Path, rounds: int | None = None, only: Selection = EVERY_RUN
@@ -52,11 +68,10 @@ def collect(
     only the runs `only` admits)."""
     results: dict[str, dict[str, list[RunResult]]] = defaultdict(lambda: defaultdict(list))
     for path in sorted((out / "runs").glob("*/*/seed*-T*.npz")):
-        # seed<s>-T<rounds>.npz, or seed<s>-T<rounds>-<preset>.npz for a non-product preset
-        found = re.fullmatch(r"seed(\d+)-T(\d+)(-.+)?", path.stem)
-        if found is None or (rounds is not None and int(found.group(2)) != rounds):
+        named = seed_and_rounds(path)
+        if named is None or (rounds is not None and named[1] != rounds):
             continue
-        if only.seeds is not None and int(found.group(1)) not in only.seeds:
+        if only.seeds is not None and named[0] not in only.seeds:
             continue
         run = RunResult.load(path)
         if not only.admits(run):

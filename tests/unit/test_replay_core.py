@@ -39,7 +39,7 @@ from replay.report import (
     write_report,
 )
 from replay.runner import Job, jobs_for, run_jobs
-from replay.runs import collect
+from replay.runs import collect, seed_and_rounds
 from replay.simulate import WARM_START, RunResult, simulate
 
 ARMS = 3
@@ -138,6 +138,16 @@ def test_runner_is_resumable_and_parallel(tmp_path, monkeypatch):
     run_jobs(jobs, tmp_path, workers=1, device="cpu", progress=False)  # nothing left to do
     assert [p.stat().st_mtime_ns for p in paths] == stamps
     assert Job("toy", "LinUCB", 1, 30).path(tmp_path) in paths
+
+
+def test_run_file_names_give_back_their_seed_and_rounds(tmp_path):
+    tagged = Job("toy", "ROFU", 12, 20_000, preset="small-lr", learner="wide")
+    for job in (Job("toy", "LinUCB", 3, 50), tagged):
+        assert seed_and_rounds(job.path(tmp_path)) == (job.seed, job.rounds)
+    assert tagged.path(tmp_path).name == "seed12-T20000-small-lr-wide.npz"
+    assert seed_and_rounds(Path("seed3.npz")) is None
+    being_written = tagged.path(tmp_path).name + ".partial.npz"  # RunResult.save's name
+    assert seed_and_rounds(Path(being_written)) is None
 
 
 def test_runner_failed_job_starts_no_queued_job(tmp_path):
