@@ -51,7 +51,10 @@ _RUN_NAME = re.compile(r"seed(\d+)-T(\d+)(-[^.]+)?")
 
 
 def run_name(seed: int, rounds: int, tag: str = "") -> str:
-    """The file name of one run (`tag`: "" or "-<preset>", "-<learner>", both in turn)."""
+    """The file name of one run (`tag`: "" or "-<preset>", "-<learner>", both in turn; no
+    dot, or `collect` would not read the run back)."""
+    if "." in tag:
+        raise ValueError(f"a run file's tag cannot hold a dot: {tag!r}")
     return f"seed{seed}-T{rounds}{tag}.npz"
 
 

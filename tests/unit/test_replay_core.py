@@ -148,6 +148,8 @@ def test_run_file_names_give_back_their_seed_and_rounds(tmp_path):
     assert seed_and_rounds(Path("seed3.npz")) is None
     being_written = tagged.path(tmp_path).name + ".partial.npz"  # RunResult.save's name
     assert seed_and_rounds(Path(being_written)) is None
+    with pytest.raises(ValueError, match="dot"):
+        Job("toy", "ROFU", 0, 50, preset="lr.1").path(tmp_path)
 
 
 def test_runner_failed_job_starts_no_queued_job(tmp_path):
