@@ -51,11 +51,12 @@ _RUN_NAME = re.compile(r"seed(\d+)-T(\d+)(-[^.]+)?")
 
 
 def run_name(seed: int, rounds: int, tag: str = "") -> str:
-    """The file name of one run (`tag`: "" or "-<preset>", "-<learner>", both in turn; no
-    dot, or `collect` would not read the run back)."""
-    if "." in tag:
-        raise ValueError(f"a run file's tag cannot hold a dot: {tag!r}")
-    return f"seed{seed}-T{rounds}{tag}.npz"
+    """The file name of one run (`tag`: "" or "-<preset>", "-<learner>", both in turn); a
+    name `seed_and_rounds` would not read back is refused, so `collect` finds every run."""
+    name = f"seed{seed}-T{rounds}{tag}.npz"
+    if seed_and_rounds(Path(name)) != (seed, rounds):
+        raise ValueError(f"a run file's tag is '-' then a name with no dot, not {tag!r}")
+    return name
 
 
 def seed_and_rounds(path: Path) -> tuple[int, int] | None:
