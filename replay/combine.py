@@ -96,6 +96,13 @@ def _merged(earlier: Cell, later: Cell) -> Cell:
     by_seed = dict(zip(earlier.seeds + later.seeds, earlier.finals + later.finals, strict=True))
     seeds = sorted(by_seed)
     finals = np.array([by_seed[s] for s in seeds])
+    cpu_by_seed = (
+        dict(
+            zip(earlier.seeds + later.seeds, earlier.cpu_per_seed + later.cpu_per_seed, strict=True)
+        )
+        if earlier.cpu_per_seed and later.cpu_per_seed
+        else {}
+    )
     counts = np.array([len(earlier.seeds), len(later.seeds)])
 
     def weighted(figure: str) -> float:
@@ -110,5 +117,6 @@ def _merged(earlier: Cell, later: Cell) -> Cell:
         seconds_per_round=weighted("seconds_per_round"),
         cpu_seconds_per_round=weighted("cpu_seconds_per_round"),
         finals=[float(v) for v in finals],
+        cpu_per_seed=[cpu_by_seed[s] for s in seeds] if cpu_by_seed else [],
         source=f"{earlier.source} + {later.source}",
     )

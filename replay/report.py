@@ -51,6 +51,8 @@ class Cell:
     wilcoxon_holm: float = math.nan
     cpu_seconds_per_round: float = math.nan  # NaN unless every run recorded its CPU time
     finals: list[float] = field(default_factory=list)  # per seed, in the order of `seeds`
+    # CPU seconds per round per seed, in the order of `seeds`; empty unless every run has one
+    cpu_per_seed: list[float] = field(default_factory=list)
     source: str = ""  # the report folder a combined report took the cell from
     preset: str = ""  # the ROFU preset its runs recorded (models.presets); "" for others
 
@@ -60,10 +62,11 @@ class Cell:
         return bool(self.finals) and len(self.finals) == len(self.seeds)
 
 
-def _cpu_per_round(runs: list[RunResult]) -> float:
+def _cpu_per_seed(runs: list[RunResult]) -> list[float]:
+    """Each run's CPU seconds per round; empty when any run recorded no CPU time."""
     if any(r.cpu_seconds is None for r in runs):
-        return math.nan
-    return float(np.mean([r.cpu_seconds / r.rounds for r in runs if r.cpu_seconds is not None]))
+        return []
+    return [r.cpu_seconds / r.rounds for r in runs if r.cpu_seconds is not None]
 
 
 def summarise(results: dict[str, dict[str, list[RunResult]]]) -> dict[str, dict[str, Cell]]:
@@ -74,6 +77,7 @@ def summarise(results: dict[str, dict[str, list[RunResult]]]) -> dict[str, dict[
         for policy, runs in by_policy.items():
             runs = sorted(runs, key=lambda r: r.seed)
             values = np.array([r.final_pseudo_regret for r in runs])
+            cpu = _cpu_per_seed(runs)
             cells[policy] = Cell(
                 mean=float(values.mean()),
                 sem=sem(values),
@@ -81,8 +85,9 @@ def summarise(results: dict[str, dict[str, list[RunResult]]]) -> dict[str, dict[
                 seeds=[r.seed for r in runs],
                 rounds=runs[0].rounds,
                 seconds_per_round=float(np.mean([r.seconds / r.rounds for r in runs])),
-                cpu_seconds_per_round=_cpu_per_round(runs),
+                cpu_seconds_per_round=float(np.mean(cpu)) if cpu else math.nan,
                 finals=[float(v) for v in values],
+                cpu_per_seed=cpu,
                 preset=", ".join(sorted({r.preset for r in runs if r.preset})),
             )
         table[bandit] = compare(cells)
@@ -240,13 +245,20 @@ def _cpu_grid(
     table: dict[str, dict[str, Cell]], bandits: list[str], policies: list[str]
 ) -> list[str]:
     """The paper's running-time table: CPU seconds per PAPER_ROUNDS rounds per data set,
-    their mean over the data sets, and that mean over Greedy's on the same data sets."""
+    their mean over the data sets, that mean over Greedy's on the same data sets, and the
+    median over (data set, seed) of each run's CPU time over Greedy's run of the same seed.
+
+    The last is the figure to trust on a shared host: a seed's runs of every policy run
+    close together, so a host that is slower for a while slows both sides of its ratio.
+    """
     lines = [
         f"## CPU seconds per {PAPER_ROUNDS:,} rounds (select + update; one core when each "
         "worker has one torch thread; the paper's running-time table)",
         "",
-        "| policy | " + " | ".join(bandits) + " | mean | mean / Greedy's |",
-        "|---|" + "---|" * (len(bandits) + 2),
+        "| policy | "
+        + " | ".join(bandits)
+        + " | mean | mean / Greedy's | median of run / Greedy's same-seed run |",
+        "|---|" + "---|" * (len(bandits) + 3),
     ]
     for policy in policies:
         row = [_cell_text(table[b].get(policy), "cpu") for b in bandits]
@@ -254,9 +266,25 @@ def _cpu_grid(
         mean = np.mean([_cpu(table[b][policy]) for b in timed]) if timed else math.nan
         greedy = [_cpu(table[b].get("Greedy")) for b in timed]
         ratio = mean / np.mean(greedy) if timed and not np.isnan(greedy).any() else math.nan
-        row += [_fmt(float(mean), 0), _fmt(float(ratio), 2)]
+        paired = [r for b in bandits for r in same_seed_ratios(table[b], policy, "Greedy")]
+        median = float(np.median(paired)) if paired else math.nan
+        row += [_fmt(float(mean), 0), _fmt(float(ratio), 2), _fmt(median, 2)]
         lines.append(f"| {policy} | " + " | ".join(row) + " |")
     return [*lines, ""]
+
+
+def same_seed_ratios(cells: dict[str, Cell], policy: str, baseline: str) -> list[float]:
+    """One data set's CPU time of `policy` over `baseline`'s, per seed both ran with a CPU
+    time (empty when either cell is missing or has no per-seed CPU times)."""
+    one, other = cells.get(policy), cells.get(baseline)
+    if one is None or other is None or not one.cpu_per_seed or not other.cpu_per_seed:
+        return []
+    theirs = dict(zip(other.seeds, other.cpu_per_seed, strict=True))
+    return [
+        cpu / theirs[seed]
+        for seed, cpu in zip(one.seeds, one.cpu_per_seed, strict=True)
+        if theirs.get(seed, 0) > 0
+    ]
 
 
 def _cpu(cell: Cell | None) -> float:

@@ -34,6 +34,7 @@ from replay.policies import (
 from replay.report import (
     json_safe,
     markdown,
+    same_seed_ratios,
     seed_ranges,
     summarise,
     write_report,
@@ -286,10 +287,40 @@ def test_report_holm_adjusts_the_tests_and_tables_cpu_time(tmp_path):
     assert tables["b"]["ROFU"].cpu_seconds_per_round == pytest.approx(1.5)  # 3 s over 2 rounds
     text = markdown(tables, "t")
     assert "Holm-adjusted" in text
-    # CPU seconds per 20 000 rounds on each data set, their mean, and that over Greedy's
-    assert "| policy | b | c | mean | mean / Greedy's |" in text
-    assert "| ROFU | 30000 | 50000 | 40000 | 4.00 |" in text
-    assert "| Greedy | 10000 | 10000 | 10000 | 1.00 |" in text
+    # CPU seconds per 20 000 rounds on each data set, their mean, that over Greedy's, and
+    # the median of each run's over Greedy's run of the same seed
+    assert "| policy | b | c | mean | mean / Greedy's | median of run / Greedy's" in text
+    assert "| ROFU | 30000 | 50000 | 40000 | 4.00 | 4.00 |" in text
+    assert "| Greedy | 10000 | 10000 | 10000 | 1.00 | 1.00 |" in text
+
+
+def test_running_time_pairs_each_run_with_greedys_run_of_the_same_seed():
+    runs = _fake_runs({"ROFU": [1, 2, 3, 4], "Greedy": [5, 6, 7, 8]})["b"]
+    # a host that slowed down for seed 3 slows both policies' runs of that seed
+    rofu_cpu, greedy_cpu = [2.0, 2.0, 3.0, 200.0], [1.0, 1.0, 1.0, 100.0]
+    timed = {
+        "ROFU": [
+            dataclasses.replace(r, cpu_seconds=c)
+            for r, c in zip(runs["ROFU"], rofu_cpu, strict=True)
+        ],
+        # Greedy has no run of seed 2: that seed has no pair
+        "Greedy": [
+            dataclasses.replace(r, cpu_seconds=c)
+            for r, c in zip(runs["Greedy"], greedy_cpu, strict=True)
+            if r.seed != 2
+        ],
+    }
+    cells = summarise({"b": timed})["b"]
+    assert cells["ROFU"].cpu_per_seed == [1.0, 1.0, 1.5, 100.0]  # per round: 2 rounds a run
+    assert same_seed_ratios(cells, "ROFU", "Greedy") == [2.0, 2.0, 2.0]  # seeds 0, 1, 3
+    assert same_seed_ratios(cells, "ROFU", "Uniform") == []
+    text = markdown({"b": cells}, "t")
+    # the ratio of the means (517 500 / 340 000) mixes in seed 2, which Greedy did not run;
+    # the median of the same-seed pairs does not
+    assert "| ROFU | 517500 | 517500 | 1.52 | 2.00 |" in text
+    untimed = summarise(_fake_runs({"ROFU": [1, 2], "Greedy": [3, 4]}))["b"]
+    assert untimed["ROFU"].cpu_per_seed == []
+    assert same_seed_ratios(untimed, "ROFU", "Greedy") == []
 
 
 def test_report_tests_the_estimators_against_rofu_exact_without_rofu():
@@ -321,14 +352,25 @@ def test_report_writes_markdown_json_and_plots(tmp_path):
 
 
 def _written_report(
-    folder, finals: dict[str, list[float]], rounds: int = 2, first_seed: int = 0
+    folder,
+    finals: dict[str, list[float]],
+    rounds: int = 2,
+    first_seed: int = 0,
+    cpu_seconds: float | None = None,
 ) -> None:
     for policy, values in finals.items():
         for seed, value in enumerate(values, start=first_seed):
             per_round = np.zeros(rounds)
             per_round[0] = value
             run = RunResult(
-                "b", policy, seed, np.zeros(rounds, np.int64), per_round, per_round, 1.0
+                "b",
+                policy,
+                seed,
+                np.zeros(rounds, np.int64),
+                per_round,
+                per_round,
+                1.0,
+                cpu_seconds=None if cpu_seconds is None else cpu_seconds * (seed + 1),
             )
             run.save(folder / "runs" / "b" / policy / f"seed{seed}-T{rounds}.npz")
     write_report(folder, "part")
@@ -360,8 +402,10 @@ def test_combined_report_takes_later_cells_and_recomputes_the_comparisons(tmp_pa
 
 def test_combined_report_merges_disjoint_seeds_and_replaces_overlapping_ones(tmp_path):
     first, more, redo = tmp_path / "first", tmp_path / "more", tmp_path / "redo"
-    _written_report(first, {"ROFU": [1, 2], "Greedy": [10, 12]})
-    _written_report(more, {"ROFU": [3, 6, 9], "Greedy": [14, 16, 18]}, first_seed=2)
+    _written_report(first, {"ROFU": [1, 2], "Greedy": [10, 12]}, cpu_seconds=2.0)
+    _written_report(
+        more, {"ROFU": [3, 6, 9], "Greedy": [14, 16, 18]}, first_seed=2, cpu_seconds=2.0
+    )
     _written_report(redo, {"Greedy": [7, 8, 9]})  # seeds 0-2 again: replaces, merges nothing
     text = combine([first, more], tmp_path / "out", "t").read_text()
     cells = json.loads((tmp_path / "out" / "results.json").read_text())["cells"]["b"]
@@ -370,12 +414,14 @@ def test_combined_report_merges_disjoint_seeds_and_replaces_overlapping_ones(tmp
     assert rofu["mean"] == rofu["realised_mean"] == pytest.approx(4.2)  # weighted 2:3
     assert rofu["sem"] == pytest.approx(np.std([1, 2, 3, 6, 9], ddof=1) / math.sqrt(5))
     assert rofu["seconds_per_round"] == pytest.approx(0.5)
+    assert rofu["cpu_per_seed"] == [1.0, 2.0, 3.0, 4.0, 5.0]  # 2 (seed + 1) s over 2 rounds
     assert rofu["source"] == f"{first} + {more}"
     assert cells["Greedy"]["wilcoxon_p"] == pytest.approx(0.0625)  # 5 pairs, all one way
     assert "| ROFU | 5 x T=2 (seeds 0-4) |" in text
     combine([first, more, redo], tmp_path / "out2", "t")
     greedy = json.loads((tmp_path / "out2" / "results.json").read_text())["cells"]["b"]["Greedy"]
     assert (greedy["seeds"], greedy["mean"], greedy["source"]) == ([0, 1, 2], 8.0, str(redo))
+    assert greedy["cpu_per_seed"] == []  # `redo` recorded no CPU time
 
 
 def test_seed_ranges_name_runs_of_consecutive_seeds():
