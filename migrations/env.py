@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from alembic import context
 
-from service.db.engine import make_engine
-from service.db.tables import Base
-from service.settings import get_settings
+from rofu.service.db.engine import make_engine
+from rofu.service.db.tables import Base
+from rofu.service.settings import get_settings
 
 config = context.config
 target_metadata = Base.metadata

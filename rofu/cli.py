@@ -12,20 +12,20 @@ import sys
 from collections.abc import Callable
 from importlib import import_module
 
-from service import cli as service_cli
+from rofu.service import cli as service_cli
 
 #: What the harness needs beyond the service (the `replay` extra).
 REPLAY_EXTRA = ("scipy", "matplotlib", "pandas", "tqdm", "httpx")
 #: command -> (module, function taking the remaining arguments)
 HARNESS = {
-    "replay": ("replay.cli", "main"),
-    "ope": ("replay.ope_cli", "ope_main"),
-    "evaluate": ("replay.evaluate", "main"),
+    "replay": ("rofu.replay.cli", "main"),
+    "ope": ("rofu.replay.ope_cli", "ope_main"),
+    "evaluate": ("rofu.evaluation.evaluate", "main"),
 }
 BENCHMARKS = {
-    "kernel": ("benchmarks.kernel", "the ROFU scoring kernel, side by side"),
-    "load": ("benchmarks.load", "the served API under concurrent clients"),
-    "stability": ("benchmarks.stability", "ROFU's ascent stability along a replay run"),
+    "kernel": ("rofu.bench.kernel", "the ROFU scoring kernel, side by side"),
+    "load": ("rofu.bench.load", "the served API under concurrent clients"),
+    "stability": ("rofu.bench.stability", "ROFU's ascent stability along a replay run"),
 }
 
 

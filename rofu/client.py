@@ -10,7 +10,7 @@
         for record in rofu.export(since="2026-12-01"):  # the decision log (admin key)
             print(record.event_id, record.arm, record.reward, record.active)
 
-Requests and responses are the server's own schemas (`service.schemas`). A request that
+Requests and responses are the server's own schemas (`rofu.service.api.schemas`). A request that
 gets a 503 or cannot connect is retried after the server's `Retry-After` (or an
 exponential backoff), at most `retries` times and never waiting longer than
 `max_backoff_s` at once. `select` draws its `event_id` before the first attempt, so a
@@ -34,8 +34,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import TypeAdapter
 
-from service.decision_record import DecisionRecord
-from service.schemas import (
+from rofu.service.api.schemas import (
     ActivateResponse,
     ArmResponse,
     CheckpointInfo,
@@ -43,6 +42,7 @@ from service.schemas import (
     RewardResponse,
     SelectResponse,
 )
+from rofu.service.log.record import DecisionRecord
 
 T = TypeVar("T")
 RETRY_STATUSES = frozenset({503})

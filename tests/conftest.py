@@ -29,7 +29,7 @@ def anyio_backend() -> str:
 @pytest.fixture
 def sqlite_settings(tmp_path: Path):
     """Embedded settings on a fresh SQLite file; no background trainer (tests drive it)."""
-    from service.settings import Settings
+    from rofu.service.settings import Settings
 
     return Settings(
         database_url=f"sqlite:///{tmp_path}/rofu.sqlite",

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from service.bus import CheckpointBus
-from service.checkpoint_store import CheckpointStore
-from service.db import deferral, repository
-from service.db import rewards as reward_rows
-from service.db.engine import SessionFactory
-from service.metrics import ServiceMetrics
-from service.settings import Settings
-from service.trainer import Trainer
+from rofu.service.db import deferral, repository
+from rofu.service.db import rewards as reward_rows
+from rofu.service.db.engine import SessionFactory
+from rofu.service.lifecycle.bus import CheckpointBus
+from rofu.service.lifecycle.checkpoint_store import CheckpointStore
+from rofu.service.lifecycle.trainer import Trainer
+from rofu.service.metrics import ServiceMetrics
+from rofu.service.settings import Settings
 from tests.factories import decision_row
 from tests.trainers import log_decisions, marks
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from models import (
+from rofu.models import (
     Checkpoint,
     ConvRewardNet,
     ConvRewardNetConfig,
@@ -145,7 +145,7 @@ def decision_row(
     model_version: int = 0,
 ):
     """A logged decision as the service would store it (for repository-level tests)."""
-    from service.db.tables import DecisionRow
+    from rofu.service.db.tables import DecisionRow
 
     return DecisionRow(
         event_id=event_id,

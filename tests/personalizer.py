@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from service.settings import ArmSpec, Settings
+from rofu.service.settings import ArmSpec, Settings
 
 PREFIX = "/personalizer/v1.0"
 ARMS = ("NewsArticle", "SportsArticle", "EntertainmentArticle")

@@ -20,8 +20,8 @@ import pytest
 from fastapi import FastAPI
 from sqlalchemy import Engine, event
 
-from service.app import create_app
-from service.settings import Settings
+from rofu.service.api.app import create_app
+from rofu.service.settings import Settings
 
 POSTGRES_URL = os.environ.get("ROFU_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("ROFU_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -123,7 +123,7 @@ def service_process(env: dict[str, str], log_path: Path, port: int | None = None
     full_env = {**os.environ, **env, "ROFU_HOST": "127.0.0.1", "ROFU_PORT": str(port)}
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--log-level", "warning"],
+            [sys.executable, "-m", "rofu.service.cli", "serve", "--log-level", "warning"],
             cwd=ROOT,
             env=full_env,
             stdout=log,
@@ -165,10 +165,10 @@ def seed_checkpoint(
     """
     import torch
 
-    from models import Checkpoint, RegulariserData, RewardNet, Transitions, dump_checkpoint
-    from service import migrate
-    from service.checkpoint_store import CheckpointStore
-    from service.db.engine import make_engine, session_factory
+    from rofu.models import Checkpoint, RegulariserData, RewardNet, Transitions, dump_checkpoint
+    from rofu.service import migrate
+    from rofu.service.db.engine import make_engine, session_factory
+    from rofu.service.lifecycle.checkpoint_store import CheckpointStore
 
     migrate.upgrade(settings.database_url)
     config = settings.net_config()
@@ -299,8 +299,8 @@ def migration_0004_round_trip(url: str) -> None:
     and up again: the new columns come with their defaults, go, and come back; rows stay."""
     from sqlalchemy import inspect, text
 
-    from service import migrate
-    from service.db.engine import make_engine
+    from rofu.service import migrate
+    from rofu.service.db.engine import make_engine
 
     migrate.upgrade(url, "0003")
     engine = make_engine(url)
@@ -344,8 +344,8 @@ def migration_0005_round_trip(url: str) -> None:
     and come back; the decision stays, and stays trainable."""
     from sqlalchemy import inspect, text
 
-    from service import migrate
-    from service.db.engine import make_engine
+    from rofu.service import migrate
+    from rofu.service.db.engine import make_engine
 
     migrate.upgrade(url, "0004")
     engine = make_engine(url)
@@ -373,8 +373,8 @@ def migration_0007_round_trip(url: str) -> None:
     named-features columns come NULL, go and come back; the decision stays."""
     from sqlalchemy import inspect, text
 
-    from service import migrate
-    from service.db.engine import make_engine
+    from rofu.service import migrate
+    from rofu.service.db.engine import make_engine
 
     migrate.upgrade(url, "0004")
     engine = make_engine(url)

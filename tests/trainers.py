@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from service.bus import CheckpointBus
-from service.checkpoint_store import CheckpointStore
-from service.db import repository
-from service.db import rewards as reward_rows
-from service.db.engine import SessionFactory
-from service.db.tables import CheckpointRow, DecisionRow
-from service.metrics import ServiceMetrics
-from service.settings import Settings
-from service.trainer import Trainer, TrainReport
+from rofu.service.db import repository
+from rofu.service.db import rewards as reward_rows
+from rofu.service.db.engine import SessionFactory
+from rofu.service.db.tables import CheckpointRow, DecisionRow
+from rofu.service.lifecycle.bus import CheckpointBus
+from rofu.service.lifecycle.checkpoint_store import CheckpointStore
+from rofu.service.lifecycle.trainer import Trainer, TrainReport
+from rofu.service.metrics import ServiceMetrics
+from rofu.service.settings import Settings
 from tests.factories import decision_row
 
 

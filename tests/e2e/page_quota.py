@@ -37,7 +37,7 @@ def install(limit_file: Path) -> None:
 def main() -> int:
     """Install the limit, then run `rofu serve` with the given options."""
     install(Path(os.environ["ROFU_TEST_MAX_PAGES_FILE"]))
-    from service.cli import main as cli
+    from rofu.service.cli import main as cli
 
     return cli(["serve", *sys.argv[1:]])
 

@@ -23,8 +23,8 @@ import httpx
 import psycopg
 import pytest
 
-from models import load_checkpoint
-from service import migrate
+from rofu.models import load_checkpoint
+from rofu.service import migrate
 from tests.e2e.test_faults import (
     ADMIN_KEY,
     AUTH,

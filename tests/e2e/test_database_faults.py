@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 import psycopg
 
-from service import migrate
+from rofu.service import migrate
 from tests.e2e.test_faults import (
     ARMS,
     AUTH,
@@ -56,7 +56,7 @@ from tests.support import (
 
 BOUND_S = 8.0  # the longest any answer may take: several times each configured limit
 HOLD_S = 15.0  # how long each fault lasts: well beyond BOUND_S
-LOG_INTERVAL_S = 10.0  # service.db.faults logs each cause at most once per interval
+LOG_INTERVAL_S = 10.0  # rofu.service.db.faults logs each cause at most once per interval
 UNLIMITED_PAGES = 1_073_741_823
 
 
@@ -183,7 +183,7 @@ def test_postgres_table_lock_gives_bounded_503s_then_recovers(tmp_path: Path) ->
             ROFU_DB_POOL_TIMEOUT_SECONDS="2",
             ROFU_READYZ_TIMEOUT_SECONDS="2",
         )
-        command = [sys.executable, "-m", "service.cli", "serve", "--log-level", "info"]
+        command = [sys.executable, "-m", "rofu.service.cli", "serve", "--log-level", "info"]
         probes: list[Probe] = []
         with (
             serve(command, env, log_path) as base_url,

@@ -42,9 +42,9 @@ import pytest
 import redis
 from sqlalchemy.engine import make_url
 
-from models import load_checkpoint
-from service import migrate
-from service.settings import ArmSpec, Settings
+from rofu.models import load_checkpoint
+from rofu.service import migrate
+from rofu.service.settings import ArmSpec, Settings
 from tests.support import (
     ROOT,
     free_port,
@@ -115,7 +115,7 @@ def trainer_process(
     """`rofu trainer` as a real process; SIGTERM (then SIGKILL) on the way out."""
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "trainer"],
+            [sys.executable, "-m", "rofu.service.cli", "trainer"],
             cwd=ROOT,
             env={**os.environ, **env, **extra},
             stdout=log,
@@ -131,7 +131,7 @@ def spawn_api(env: dict[str, str], log_path: Path, port: int) -> subprocess.Pope
     """`rofu serve` on `port`, without waiting for it: the caller watches it come up."""
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--log-level", "info"],
+            [sys.executable, "-m", "rofu.service.cli", "serve", "--log-level", "info"],
             cwd=ROOT,
             env={**os.environ, **env, "ROFU_HOST": "127.0.0.1", "ROFU_PORT": str(port)},
             stdout=log,
@@ -737,7 +737,7 @@ def test_trainer_killed_mid_fit_leaves_the_served_model_and_a_new_one_resumes(da
             reward = http.post("/v1/reward", json={"event_id": event_id, "value": rng.random()})
             assert reward.status_code == 200, reward.text
         once = subprocess.run(
-            [sys.executable, "-m", "service.cli", "trainer", "--once"],
+            [sys.executable, "-m", "rofu.service.cli", "trainer", "--once"],
             cwd=ROOT,
             env={**os.environ, **env},
             capture_output=True,

@@ -53,8 +53,8 @@ import pytest
 import schemathesis
 from schemathesis.engine import events, from_schema
 
-from service.schemas import EVENT_ID_PATTERN
-from service.settings import Settings
+from rofu.service.api.schemas import EVENT_ID_PATTERN
+from rofu.service.settings import Settings
 from tests.support import seed_checkpoint, service_process
 
 FUZZ_EXAMPLES = int(os.environ.get("ROFU_FUZZ_EXAMPLES", "100"))

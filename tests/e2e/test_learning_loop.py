@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
-from service import migrate
+from rofu.service import migrate
 from tests.support import (
     ROOT,
     require_postgres,
@@ -102,7 +102,7 @@ def test_learning_loop_improves_on_a_linear_problem(database_url, tmp_path):
     env = _env(database_url, require_redis(), f"e2e-{uuid.uuid4().hex[:8]}")
     with open(tmp_path / "trainer.log", "wb") as log:
         trainer = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "trainer"],
+            [sys.executable, "-m", "rofu.service.cli", "trainer"],
             cwd=ROOT,
             env={**os.environ, **env},
             stdout=log,

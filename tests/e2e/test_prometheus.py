@@ -38,7 +38,7 @@ import httpx
 import pytest
 import yaml
 
-from service.settings import Settings
+from rofu.service.settings import Settings
 from tests.support import (
     ROOT,
     free_port,
@@ -279,8 +279,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     processes: list[subprocess.Popen[bytes]] = []
     with contextlib.ExitStack() as exits:
         base_url = exits.enter_context(service_process(common, root / "api.log"))
-        serve = [sys.executable, "-m", "service.cli", "serve", "--log-level", "warning"]
-        trainer = [sys.executable, "-m", "service.cli", "trainer", "--log-level", "warning"]
+        serve = [sys.executable, "-m", "rofu.service.cli", "serve", "--log-level", "warning"]
+        trainer = [sys.executable, "-m", "rofu.service.cli", "trainer", "--log-level", "warning"]
         processes.append(_start(serve, canary_env, root / "canary.log"))
         processes.append(_start(trainer, trainer_env, root / "trainer.log"))
         config = root / "prometheus.yml"

@@ -6,17 +6,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from models import Scores, rofu_scores
-from models.policies.base import greedy_decision
-from models.rofu import ntk_basis
-from replay.bandits import MLPBandit
-from replay.http_driver import play
-from replay.simulate import WARM_START
-from service.checkpoint_store import CheckpointStore
-from service.db.engine import make_engine, session_factory
-from service.scoring import checkpoint_generator
-from service.settings import ArmSpec, Settings
-from service.snapshot import Snapshot
+from rofu.models import Scores, rofu_scores
+from rofu.models.policies.base import greedy_decision
+from rofu.models.rofu import ntk_basis
+from rofu.replay.simulation.bandits import MLPBandit
+from rofu.replay.simulation.http_driver import play
+from rofu.replay.simulation.simulate import WARM_START
+from rofu.service.db.engine import make_engine, session_factory
+from rofu.service.deciding.scoring import checkpoint_generator
+from rofu.service.deciding.snapshot import Snapshot
+from rofu.service.lifecycle.checkpoint_store import CheckpointStore
+from rofu.service.settings import ArmSpec, Settings
 from tests.support import seed_checkpoint, service_process
 
 ROUNDS, SEED = 60, 5

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from rofu.client import RofuClient
-from service.settings import ArmSpec, Settings
+from rofu.service.settings import ArmSpec, Settings
 from tests.support import seed_checkpoint, service_process
 
 ARMS = [f"item-{i}" for i in range(4)]

@@ -9,7 +9,7 @@ import sqlite3
 import httpx
 import pytest
 
-from service.settings import ArmSpec, Settings
+from rofu.service.settings import ArmSpec, Settings
 from tests.support import seed_checkpoint, service_process
 
 ARMS = [f"item-{i}" for i in range(6)]

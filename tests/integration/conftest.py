@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import migrate
-from service.db.engine import DatabaseLimits, SessionFactory, make_engine, session_factory
+from rofu.service import migrate
+from rofu.service.db.engine import DatabaseLimits, SessionFactory, make_engine, session_factory
 from tests.support import require_postgres, reset_postgres
 
 TABLES = ("model_pin", "rewards", "decisions", "arms", "checkpoints", "trainer_lease")

@@ -10,9 +10,9 @@ import random
 import pytest
 from sqlalchemy import text
 
-from service.db import deferral, repository
-from service.db.engine import SessionFactory
-from service.db.tables import DecisionRow
+from rofu.service.db import deferral, repository
+from rofu.service.db.engine import SessionFactory
+from rofu.service.db.tables import DecisionRow
 from tests.factories import decision_row
 from tests.support import together
 

@@ -7,8 +7,8 @@ import asyncio
 import psycopg
 import pytest
 
-from service.db import repository
-from service.settings import Settings
+from rofu.service.db import repository
+from rofu.service.settings import Settings
 from tests.support import Transactions, app_client
 
 
@@ -140,8 +140,8 @@ async def test_api_batch_settles_keys_stored_by_another_replica(pg_clean, monkey
 
 @pytest.mark.anyio
 async def test_api_named_context_and_arm_features_land_in_their_columns(pg_clean):
-    from service.features import featurize
-    from service.settings import ArmSpec
+    from rofu.service.deciding.features import featurize
+    from rofu.service.settings import ArmSpec
 
     arms = [ArmSpec(id=f"arm-{i}", features=[float(i), 1.0]) for i in range(3)]
     settings = _settings(pg_clean).model_copy(update={"arm_feature_dim": 2, "arms": arms})

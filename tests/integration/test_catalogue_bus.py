@@ -8,8 +8,8 @@ import uuid
 import pytest
 import redis
 
-from service.redis_bus import RedisBus
-from service.settings import Settings
+from rofu.service.lifecycle.redis_bus import RedisBus
+from rofu.service.settings import Settings
 from tests.support import app_client, eventually, require_redis
 
 

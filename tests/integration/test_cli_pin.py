@@ -6,16 +6,16 @@ import os
 import subprocess
 import sys
 
-from service.db import repository
-from service.db.engine import make_engine, session_factory
-from service.settings import Settings
+from rofu.service.db import repository
+from rofu.service.db.engine import make_engine, session_factory
+from rofu.service.settings import Settings
 from tests.support import ROOT, seed_checkpoint
 
 
 def _rofu(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "ROFU_DATABASE_URL": url, "ROFU_CONTEXT_DIM": "3", "ROFU_HIDDEN": "[8]"}
     return subprocess.run(
-        [sys.executable, "-m", "service.cli", *args],
+        [sys.executable, "-m", "rofu.service.cli", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,

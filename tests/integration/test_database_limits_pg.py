@@ -12,10 +12,10 @@ import psycopg
 import pytest
 from sqlalchemy import text
 
-from service.db import repository
-from service.db.engine import DatabaseLimits, make_engine
-from service.errors import Unavailable
-from service.settings import Settings
+from rofu.service.db import repository
+from rofu.service.db.engine import DatabaseLimits, make_engine
+from rofu.service.errors import Unavailable
+from rofu.service.settings import Settings
 from tests.support import app_client
 
 CONTEXT = [0.1, 0.2, 0.3]

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from service.bus import InProcessBus
-from service.checkpoint_store import CheckpointStore
-from service.db.engine import make_engine, session_factory
-from service.settings import Settings
+from rofu.service.db.engine import make_engine, session_factory
+from rofu.service.lifecycle.bus import InProcessBus
+from rofu.service.lifecycle.checkpoint_store import CheckpointStore
+from rofu.service.settings import Settings
 from tests.deferrals import only_activated_decisions_are_trained_on
 
 

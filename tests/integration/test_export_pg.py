@@ -8,13 +8,13 @@ from pathlib import Path
 
 import numpy as np
 
-from service.db import repository
-from service.db import rewards as reward_rows
-from service.db.engine import make_engine, session_factory
-from service.db.tables import DecisionRow
-from service.decision_log import Window, iter_decisions
-from service.export import export
-from service.settings import Settings
+from rofu.service.db import repository
+from rofu.service.db import rewards as reward_rows
+from rofu.service.db.engine import make_engine, session_factory
+from rofu.service.db.tables import DecisionRow
+from rofu.service.log.export import export
+from rofu.service.log.pages import Window, iter_decisions
+from rofu.service.settings import Settings
 
 ARMS = ["arm-0", "arm-1", "arm-2", "arm-3"]
 START = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)

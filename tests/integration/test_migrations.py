@@ -5,8 +5,8 @@ from __future__ import annotations
 import psycopg
 from sqlalchemy import inspect
 
-from service import migrate
-from service.db.engine import make_engine
+from rofu.service import migrate
+from rofu.service.db.engine import make_engine
 from tests.integration.conftest import TABLES
 from tests.support import (
     migration_0004_round_trip,

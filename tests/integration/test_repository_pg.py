@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from service.db import repository
-from service.db import rewards as reward_rows
-from service.db.engine import make_engine, session_factory
-from service.db.tables import CheckpointRow, DecisionRow, utcnow
-from service.errors import Conflict, NotFound
+from rofu.service.db import repository
+from rofu.service.db import rewards as reward_rows
+from rofu.service.db.engine import make_engine, session_factory
+from rofu.service.db.tables import CheckpointRow, DecisionRow, utcnow
+from rofu.service.errors import Conflict, NotFound
 from tests.factories import checkpoint_blob, decision_row
 
 
@@ -167,7 +167,7 @@ def test_repository_claim_waiting_for_a_reward_flags_it(pg_clean):
 def test_a_checkpoint_with_non_finite_metrics_commits_them_as_null(pg_sessions):
     """Postgres's JSON refuses NaN and Infinity: a run whose loss or gradient norm is not
     finite must still commit its checkpoint row, with those metrics null."""
-    from service.checkpoint_store import CheckpointStore
+    from rofu.service.lifecycle.checkpoint_store import CheckpointStore
 
     metrics = {"loss": float("nan"), "grad_norm": float("inf"), "steps": 3.0, "rows": 7.0}
     CheckpointStore(pg_sessions).save(

@@ -9,11 +9,11 @@ from functools import partial
 
 from sqlalchemy import text
 
-from service.db import repository
-from service.db import rewards as reward_rows
-from service.db.engine import SessionFactory, make_engine, session_factory
-from service.db.rewards import RewardOutcome, RewardPost, Stored
-from service.errors import Conflict
+from rofu.service.db import repository
+from rofu.service.db import rewards as reward_rows
+from rofu.service.db.engine import SessionFactory, make_engine, session_factory
+from rofu.service.db.rewards import RewardOutcome, RewardPost, Stored
+from rofu.service.errors import Conflict
 from tests.factories import decision_row
 from tests.support import together
 

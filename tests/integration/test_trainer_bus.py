@@ -8,13 +8,13 @@ import psycopg
 import pytest
 import redis
 
-from service.checkpoint_store import CheckpointStore
-from service.db import repository
-from service.db import rewards as reward_rows
-from service.db.engine import make_engine, session_factory
-from service.redis_bus import RedisBus
-from service.settings import Settings
-from service.trainer import Trainer
+from rofu.service.db import repository
+from rofu.service.db import rewards as reward_rows
+from rofu.service.db.engine import make_engine, session_factory
+from rofu.service.lifecycle.checkpoint_store import CheckpointStore
+from rofu.service.lifecycle.redis_bus import RedisBus
+from rofu.service.lifecycle.trainer import Trainer
+from rofu.service.settings import Settings
 from tests.factories import decision_row
 from tests.support import app_client, eventually, require_redis
 

@@ -11,14 +11,14 @@ import uuid
 import psycopg
 import pytest
 
-from models import load_checkpoint
-from service.checkpoint_store import CheckpointStore
-from service.db import repository
-from service.db import rewards as reward_rows
-from service.db.engine import make_engine, session_factory
-from service.redis_bus import RedisBus
-from service.settings import Settings
-from service.trainer import Trainer
+from rofu.models import load_checkpoint
+from rofu.service.db import repository
+from rofu.service.db import rewards as reward_rows
+from rofu.service.db.engine import make_engine, session_factory
+from rofu.service.lifecycle.checkpoint_store import CheckpointStore
+from rofu.service.lifecycle.redis_bus import RedisBus
+from rofu.service.lifecycle.trainer import Trainer
+from rofu.service.settings import Settings
 from tests.factories import decision_row
 from tests.support import ROOT, app_client, eventually, private_redis, require_redis
 
@@ -53,7 +53,7 @@ def _trainer_env(settings: Settings, **extra: str) -> dict[str, str]:
 
 
 def _trainer_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "service.cli", "trainer", *args]
+    return [sys.executable, "-m", "rofu.service.cli", "trainer", *args]
 
 
 def test_trainer_killed_mid_run_resumes_without_loss_or_duplicates(pg_clean, tmp_path):

@@ -9,15 +9,15 @@ import uuid
 import psycopg
 import pytest
 
-from models import load_checkpoint
-from service.checkpoint_store import CheckpointStore
-from service.db import repository
-from service.db.engine import make_engine, session_factory
-from service.db.trainer_lock import ADVISORY_KEY, AdvisoryLock, trainer_lock
-from service.metrics import ServiceMetrics
-from service.redis_bus import RedisBus
-from service.settings import Settings
-from service.trainer import Trainer
+from rofu.models import load_checkpoint
+from rofu.service.db import repository
+from rofu.service.db.engine import make_engine, session_factory
+from rofu.service.db.trainer_lock import ADVISORY_KEY, AdvisoryLock, trainer_lock
+from rofu.service.lifecycle.checkpoint_store import CheckpointStore
+from rofu.service.lifecycle.redis_bus import RedisBus
+from rofu.service.lifecycle.trainer import Trainer
+from rofu.service.metrics import ServiceMetrics
+from rofu.service.settings import Settings
 from tests.support import app_client, eventually, require_redis
 from tests.trainers import assert_trained_once, damage, force_interleaving, log_decisions, marks
 

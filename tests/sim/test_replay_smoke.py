@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from replay.bandits import MLPBandit
-from replay.policies import build_policy
-from replay.simulate import simulate
+from rofu.replay.simulation.bandits import MLPBandit
+from rofu.replay.simulation.policies import build_policy
+from rofu.replay.simulation.simulate import simulate
 
 ROUNDS = 500
 

@@ -14,9 +14,9 @@ from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
-from service.db.tables import DecisionRow, utcnow
-from service.settings import Settings
-from service.trainer import Trainer
+from rofu.service.db.tables import DecisionRow, utcnow
+from rofu.service.lifecycle.trainer import Trainer
+from rofu.service.settings import Settings
 from tests.support import app_client
 
 CONTEXT = [0.5, -0.25, 1.0, 0.0]

@@ -17,13 +17,13 @@ from fastapi import FastAPI
 from pydantic import ValidationError
 from sqlalchemy import text
 
-from models.checkpoint import load_checkpoint
-from service.db import repository
-from service.decisions import request_hash
-from service.runtime import Runtime
-from service.schemas import SelectRequest
-from service.settings import Settings
-from service.trainer import Trainer
+from rofu.models.checkpoint import load_checkpoint
+from rofu.service.api.schemas import SelectRequest
+from rofu.service.db import repository
+from rofu.service.deciding.select import request_hash
+from rofu.service.lifecycle.trainer import Trainer
+from rofu.service.runtime import Runtime
+from rofu.service.settings import Settings
 from tests.support import app_client, seed_checkpoint
 
 CONTEXT = [0.5, -0.25, 1.0, 0.0]

@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 import torch
 
-from models import (
+from rofu.models import (
     Checkpoint,
     DataBuffer,
     RegulariserData,
@@ -24,10 +24,10 @@ from models import (
     load_checkpoint,
     rofu_scores,
 )
-from models.checkpoint import CheckpointError
-from models.rofu import ntk_basis
-from models.rofu_graphs import GraphedExact
-from models.training import FitConfig
+from rofu.models.checkpoint import CheckpointError
+from rofu.models.rofu import ntk_basis
+from rofu.models.rofu_graphs import GraphedExact
+from rofu.models.training import FitConfig
 from tests.factories import arm_features, make_data, make_net
 
 A, F, D = 4, 3, 5

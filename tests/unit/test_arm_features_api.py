@@ -18,14 +18,14 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from models import load_checkpoint
-from service.db import repository
-from service.decision_log import Window
-from service.export import export
-from service.features import featurize, normalise
-from service.runtime import Runtime
-from service.settings import ArmSpec, Settings
-from service.trainer import Trainer
+from rofu.models import load_checkpoint
+from rofu.service.db import repository
+from rofu.service.deciding.features import featurize, normalise
+from rofu.service.lifecycle.trainer import Trainer
+from rofu.service.log.export import export
+from rofu.service.log.pages import Window
+from rofu.service.runtime import Runtime
+from rofu.service.settings import ArmSpec, Settings
 from tests.support import app_client
 
 ARMS = ["arm-0", "arm-1", "arm-2", "arm-3"]
@@ -224,7 +224,7 @@ async def test_evaluation_rescores_the_log_with_each_requests_own_arm_features(
 ):
     """`rofu evaluate` rescores what was served, with a stability cap too: the step it
     resolves for the checkpoint is the service's."""
-    from replay.service_log import checkpoint_scores, read_service_log
+    from rofu.evaluation.service_log import checkpoint_scores, read_service_log
 
     settings = settings.model_copy(update={"stability_cap": cap})
     async with app_client(settings) as (client, app):

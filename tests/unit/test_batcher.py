@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 import anyio
 import pytest
 
-from service.batcher import MicroBatcher
-from service.errors import BatcherClosed
+from rofu.service.deciding.batcher import MicroBatcher
+from rofu.service.errors import BatcherClosed
 
 HANG_GUARD_S = 20  # fail instead of hanging when a batch never flushes
 FOREVER_S = 120.0  # a max_wait no test reaches: only size or aclose() can flush

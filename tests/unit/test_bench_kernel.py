@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from benchmarks import kernel
+from rofu.bench import kernel
 
 TINY = kernel.Workload(context_dim=4, n_arms=3, hidden=(8,), steps=3, minibatch=16, n_data=120)
 

@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from benchmarks import load, load_inprocess, load_report
-from models.presets import PRODUCT
-from service.settings import Settings
+from rofu.bench import load, load_inprocess, load_report
+from rofu.models.presets import PRODUCT
+from rofu.service.settings import Settings
 
 METRICS_TEXT = """\
 # HELP rofu_select_batch_size Requests scored together in one ROFU call
@@ -193,7 +193,7 @@ def test_json_safe_replaces_nan_and_stringifies_keys() -> None:
 def test_load_audit_rewards_finds_lost_doubled_and_wrong_rewards(tmp_path):
     import sqlite3
 
-    from service import migrate
+    from rofu.service import migrate
 
     url = f"sqlite:///{tmp_path}/audit.sqlite"
     migrate.upgrade(url)

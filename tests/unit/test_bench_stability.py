@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from benchmarks import stability
+from rofu.bench import stability
 
 
 def test_bench_stability_records_rho_and_both_estimators_at_each_checkpoint(tmp_path, capsys):

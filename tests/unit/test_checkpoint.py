@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from models import (
+from rofu.models import (
     Checkpoint,
     CheckpointError,
     RegulariserData,
@@ -19,7 +19,7 @@ from models import (
     dump_checkpoint,
     load_checkpoint,
 )
-from models.checkpoint import _digest, checkpoint_checksum
+from rofu.models.checkpoint import _digest, checkpoint_checksum
 from tests.factories import arm_features, make_data, make_net
 
 NET = RewardNetConfig(context_dim=6, n_arms=4, hidden=(5,), seed=3)

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from models import CheckpointError
-from service import migrate
-from service.checkpoint_store import CheckpointStore, CorruptCheckpoint
-from service.db import repository
-from service.db.engine import make_engine, session_factory
-from service.metrics import ServiceMetrics
+from rofu.models import CheckpointError
+from rofu.service import migrate
+from rofu.service.db import repository
+from rofu.service.db.engine import make_engine, session_factory
+from rofu.service.lifecycle.checkpoint_store import CheckpointStore, CorruptCheckpoint
+from rofu.service.metrics import ServiceMetrics
 from tests.factories import checkpoint_blob
 
 ONE, TWO = checkpoint_blob(1), checkpoint_blob(2)

@@ -13,9 +13,9 @@ from rofu import cli
 
 #: command -> (module, function) building the parser that takes its arguments
 HARNESS_PARSERS = {
-    "replay": ("replay.cli", "build_parser"),
-    "ope": ("replay.ope_cli", "build_ope_parser"),
-    "evaluate": ("replay.evaluate", "build_parser"),
+    "replay": ("rofu.replay.cli", "build_parser"),
+    "ope": ("rofu.replay.ope_cli", "build_ope_parser"),
+    "evaluate": ("rofu.evaluation.evaluate", "build_parser"),
 }
 
 

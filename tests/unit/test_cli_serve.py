@@ -11,8 +11,8 @@ import pytest
 import uvicorn
 
 from rofu import cli
-from service import migrate
-from service.settings import get_settings
+from rofu.service import migrate
+from rofu.service.settings import get_settings
 
 
 @pytest.fixture
@@ -32,7 +32,11 @@ def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[list[dic
 def test_cli_serve_one_worker_by_default(served: list[dict[str, Any]]) -> None:
     assert cli.main(["serve"]) == 0
     (call,) = served
-    assert (call["app"], call["factory"], call["workers"]) == ("service.app:create_app", True, 1)
+    assert (call["app"], call["factory"], call["workers"]) == (
+        "rofu.service.api.app:create_app",
+        True,
+        1,
+    )
     assert call["log_config"]["root"]["level"] == "INFO"  # our loggers, in every worker
 
 

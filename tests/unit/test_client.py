@@ -13,8 +13,8 @@ import pytest
 
 import rofu.client as client_module
 from rofu.client import AsyncRofuClient, RofuClient, RofuError
-from service.decision_record import DecisionRecord
-from service.schemas import ActivateResponse, SelectResponse
+from rofu.service.api.schemas import ActivateResponse, SelectResponse
+from rofu.service.log.record import DecisionRecord
 from tests.support import app_client, seed_checkpoint
 
 DECISION = {

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from models import DataBuffer, RegulariserData, Transitions
+from rofu.models import DataBuffer, RegulariserData, Transitions
 from tests.factories import make_transitions
 
 
@@ -316,7 +316,7 @@ def test_data_buffer_reservoir_sample_is_approximately_uniform():
 
 
 def test_databuffer_restore_continues_counts_and_reservoir():
-    from models import RegulariserData
+    from rofu.models import RegulariserData
 
     first = DataBuffer(3, max_size=50, generator=torch.Generator().manual_seed(0))
     stream = make_transitions(400, 3, 4, seed=11)

@@ -26,11 +26,11 @@ from pydantic import ValidationError
 from sqlalchemy import Engine, event
 from sqlalchemy import exc as sa_exc
 
-from service.db import faults, repository
-from service.db import rewards as reward_rows
-from service.db.engine import DatabaseLimits
-from service.runtime import Runtime
-from service.settings import Settings
+from rofu.service.db import faults, repository
+from rofu.service.db import rewards as reward_rows
+from rofu.service.db.engine import DatabaseLimits
+from rofu.service.runtime import Runtime
+from rofu.service.settings import Settings
 from tests.support import ROOT, app_client
 
 CONTEXT = [0.1, 0.2, 0.3, 0.4]
@@ -340,8 +340,8 @@ WRITER = textwrap.dedent(
     """
     import sys
     from sqlalchemy import text
-    from service.db import faults
-    from service.db.engine import make_engine
+    from rofu.service.db import faults
+    from rofu.service.db.engine import make_engine
 
     def insert(engine):
         with engine.begin() as connection:

@@ -9,8 +9,8 @@ import time
 import pytest
 from sqlalchemy import text
 
-from service import decision_batch
-from service.db import rewards as reward_rows
+from rofu.service.db import rewards as reward_rows
+from rofu.service.deciding import batch as decision_batch
 from tests.support import app_client
 from tests.support import eventually as _eventually
 

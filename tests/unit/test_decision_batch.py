@@ -16,17 +16,17 @@ import anyio
 import pytest
 from sqlalchemy import text
 
-from service import migrate
-from service.catalogue import CatalogueCache
-from service.db import repository
-from service.db.engine import SessionFactory, make_engine, session_factory
-from service.decision_batch import Decided, DecisionBatch, Pending, Result
-from service.decisions import request_hash
-from service.errors import Conflict, InvalidInput, Unavailable
-from service.schemas import SelectRequest
-from service.scoring import Scorer, SelectJob, SelectOutcome
-from service.settings import Settings
-from service.snapshot import SnapshotHolder
+from rofu.service import migrate
+from rofu.service.api.schemas import SelectRequest
+from rofu.service.db import repository
+from rofu.service.db.engine import SessionFactory, make_engine, session_factory
+from rofu.service.deciding.batch import Decided, DecisionBatch, Pending, Result
+from rofu.service.deciding.catalogue import CatalogueCache
+from rofu.service.deciding.scoring import Scorer, SelectJob, SelectOutcome
+from rofu.service.deciding.select import request_hash
+from rofu.service.deciding.snapshot import SnapshotHolder
+from rofu.service.errors import Conflict, InvalidInput, Unavailable
+from rofu.service.settings import Settings
 from tests.factories import decision_row
 from tests.support import Transactions, app_client
 
@@ -298,8 +298,8 @@ async def test_service_select_is_503_when_the_write_fails(
 
 
 def test_stored_scores_are_typed_and_rows_of_the_old_layout_still_read() -> None:
-    from models.scores import ArmScore
-    from service.decisions import stored_scores
+    from rofu.models.scores import ArmScore
+    from rofu.service.deciding.select import stored_scores
 
     row = decision_row("old", [0.0], candidates=["a", "b"])
     assert stored_scores(row) == [ArmScore.unscored("a"), ArmScore.unscored("b")]

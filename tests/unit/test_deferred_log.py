@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from replay.service_log import read_service_log
-from service.db.engine import make_engine, session_factory
-from service.decision_log import Window
-from service.export import export
-from service.settings import Settings
+from rofu.evaluation.service_log import read_service_log
+from rofu.service.db.engine import make_engine, session_factory
+from rofu.service.log.export import export
+from rofu.service.log.pages import Window
+from rofu.service.settings import Settings
 from tests.support import app_client
 
 CONTEXT = [0.25, -0.5, 1.0, 0.75]  # no zero: VW drops zero features

@@ -3,7 +3,7 @@
 Nothing here needs a Docker engine, a cluster, kubectl or Prometheus: YAML is linted with
 yamllint, the kustomizations are rendered by a small loader below and validated against
 the Kubernetes OpenAPI schemas that kubernetes-validate ships, and every PromQL
-expression (alert rules, dashboard) may only name metrics that service/metrics.py
+expression (alert rules, dashboard) may only name metrics that rofu/service/metrics.py
 exports. `docker compose config` runs when a Compose v2 client is installed.
 """
 
@@ -27,8 +27,8 @@ from prometheus_client.metrics import MetricWrapperBase
 from yamllint import linter
 from yamllint.config import YamlLintConfig
 
-from service.metrics import ServiceMetrics
-from service.settings import Settings
+from rofu.service.metrics import ServiceMetrics
+from rofu.service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -445,7 +445,7 @@ def _check_settings(
     unknown = sorted(
         name for name in env if name.startswith("ROFU_") and name not in KNOWN_SETTINGS
     )
-    assert not unknown, f"not settings of service/settings.py: {unknown}"
+    assert not unknown, f"not settings of rofu/service/settings.py: {unknown}"
     with monkeypatch.context() as patch:
         for name in list(os.environ):
             if name.startswith("ROFU_"):
@@ -772,7 +772,7 @@ def promql_problems(expr: str, exported: dict[str, frozenset[str]]) -> tuple[set
             continue
         metrics.add(name)
         if name not in exported:
-            problems.append(f"metric {name} is not exported by service/metrics.py")
+            problems.append(f"metric {name} is not exported by rofu/service/metrics.py")
             continue
         for label, _ in MATCHER.findall(braces or ""):
             if label not in exported[name]:
@@ -1006,16 +1006,7 @@ def test_dockerfile_final_stage_is_slim_and_non_root(target: str) -> None:
     copied = {
         a.split()[-2].rstrip("/") for k, a in stage if k == "COPY" and not a.startswith("--from=")
     }
-    app = {
-        "rofu",
-        "models",
-        "service",
-        "replay",
-        "benchmarks",
-        "migrations",
-        "alembic.ini",
-        "config",
-    }
+    app = {"rofu", "migrations", "alembic.ini", "config"}
     assert copied == app, "the final image holds the venv and the app code only"
     commands = dict(stage)
     assert json.loads(commands["ENTRYPOINT"]) == ["rofu"]
@@ -1026,7 +1017,7 @@ def test_dockerfile_final_stage_is_slim_and_non_root(target: str) -> None:
     assert exec_form[0] == "python"
     assert "/healthz" in " ".join(exec_form)
     env = commands["ENV"]
-    assert "PYTHONPATH=/app" in env  # service/migrate.py finds alembic.ini beside service/
+    assert "PYTHONPATH=/app" in env  # rofu/service/migrate.py finds alembic.ini beside service/
 
 
 def _dockerignore() -> list[str]:
@@ -1052,7 +1043,7 @@ def test_dockerignore_keeps_the_context_small_and_secret_free() -> None:
         assert _ignored(path, patterns), f"{path} is in the build context"
     for path in ("var/rofu.sqlite", "x.sqlite", "docker/secrets/api-keys", "tests/unit"):
         assert _ignored(path, patterns), f"{path} is in the build context"
-    assert _ignored("service/__pycache__/x.pyc", patterns)
+    assert _ignored("rofu/service/__pycache__/x.pyc", patterns)
     sources = {
         part
         for keyword, arguments in _dockerfile()
@@ -1060,7 +1051,7 @@ def test_dockerignore_keeps_the_context_small_and_secret_free() -> None:
         for part in arguments.split()[:-1]
         if not part.startswith("--")
     }
-    assert {"pyproject.toml", "README.md", "service"} <= sources
+    assert {"pyproject.toml", "README.md", "rofu"} <= sources
     for source in sorted(sources):
         assert (ROOT / source).exists(), f"COPY {source}: no such path"
         assert not _ignored(source, patterns), f"COPY {source} is excluded by .dockerignore"

@@ -8,14 +8,14 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from service.errors import (
+from rofu.service.errors import (
     BatcherClosed,
     PayloadTooLarge,
     ServiceError,
     Unauthorized,
     Unavailable,
 )
-from service.settings import Settings
+from rofu.service.settings import Settings
 from tests.support import app_client
 
 SHUTTING_DOWN = {"code": "unavailable", "message": "the service is shutting down", "field": None}

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from models import Checkpoint, RegulariserData, RewardNet, Transitions, dump_checkpoint
 from rofu import cli
-from service import migrate
-from service.checkpoint_store import CheckpointStore
-from service.db.engine import make_engine, session_factory
-from service.settings import Settings, get_settings
+from rofu.models import Checkpoint, RegulariserData, RewardNet, Transitions, dump_checkpoint
+from rofu.service import migrate
+from rofu.service.db.engine import make_engine, session_factory
+from rofu.service.lifecycle.checkpoint_store import CheckpointStore
+from rofu.service.settings import Settings, get_settings
 from tests.support import app_client
 
 ROUNDS = 1200

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from replay.baseline_compare import AS_LOGGED, BEATS
 from rofu import cli
-from service import migrate
-from service.settings import Settings
+from rofu.evaluation.baseline import AS_LOGGED, BEATS
+from rofu.service import migrate
+from rofu.service.settings import Settings
 from tests.support import app_client
 from tests.unit.test_evaluate import (
     ARMS,

@@ -18,12 +18,12 @@ from pydantic import SecretStr
 from sqlalchemy import event
 
 from rofu import cli
-from service.db import repository
-from service.db.engine import make_engine, session_factory
-from service.db.tables import DecisionRow
-from service.decision_log import EVERYTHING, LoggedDecision, Window, iter_decisions, read_page
-from service.export import export
-from service.settings import Settings, get_settings
+from rofu.service.db import repository
+from rofu.service.db.engine import make_engine, session_factory
+from rofu.service.db.tables import DecisionRow
+from rofu.service.log.export import export
+from rofu.service.log.pages import EVERYTHING, LoggedDecision, Window, iter_decisions, read_page
+from rofu.service.settings import Settings, get_settings
 from tests.support import app_client, seed_checkpoint
 
 ARMS = ["arm-0", "arm-1", "arm-2", "arm-3"]
@@ -71,7 +71,7 @@ def _records(settings: Settings, window: Window = EVERYTHING) -> list[LoggedDeci
 
 
 def test_decision_log_pages_by_time_then_event_id(sqlite_settings: Settings) -> None:
-    from service import migrate
+    from rofu.service import migrate
 
     migrate.upgrade(sqlite_settings.database_url)
     engine = make_engine(sqlite_settings.database_url)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.features import (
+from rofu.service.deciding.features import (
     FeatureError,
     entry_index,
     featurize,

@@ -6,15 +6,15 @@ import pytest
 import redis
 import torch
 
-from models import Checkpoint, RegulariserData, dump_checkpoint
-from service import migrate
-from service.checkpoint_store import CheckpointStore
-from service.db import repository
-from service.db.engine import SessionFactory, make_engine, session_factory
-from service.db.tables import CheckpointRow
-from service.follower import CheckpointFollower, ModelState
-from service.metrics import ServiceMetrics
-from service.snapshot import SnapshotHolder
+from rofu.models import Checkpoint, RegulariserData, dump_checkpoint
+from rofu.service import migrate
+from rofu.service.db import repository
+from rofu.service.db.engine import SessionFactory, make_engine, session_factory
+from rofu.service.db.tables import CheckpointRow
+from rofu.service.deciding.snapshot import SnapshotHolder
+from rofu.service.lifecycle.checkpoint_store import CheckpointStore
+from rofu.service.lifecycle.follower import CheckpointFollower, ModelState
+from rofu.service.metrics import ServiceMetrics
 from tests.factories import make_net, make_transitions
 
 EXPECT = make_net(3, 2, hidden=(4,)).config

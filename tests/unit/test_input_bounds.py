@@ -9,16 +9,16 @@ import pytest
 import torch
 from sqlalchemy import text
 
-import service.trainer as trainer_module
-from models import (
+import rofu.service.lifecycle.trainer as trainer_module
+from rofu.models import (
     Checkpoint,
     CheckpointError,
     RegulariserData,
     dump_checkpoint,
     load_checkpoint,
 )
-from service.db import repository
-from service.trainer import Trainer
+from rofu.service.db import repository
+from rofu.service.lifecycle.trainer import Trainer
 from tests.factories import decision_row, make_net, make_transitions
 from tests.support import app_client, seed_checkpoint
 

@@ -15,12 +15,12 @@ from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text, update
 
-from service.db import repository
-from service.db import rewards as reward_rows
-from service.db.tables import DecisionRow, utcnow
-from service.runtime import Runtime
-from service.settings import Settings
-from service.trainer import Trainer, TrainReport
+from rofu.service.db import repository
+from rofu.service.db import rewards as reward_rows
+from rofu.service.db.tables import DecisionRow, utcnow
+from rofu.service.lifecycle.trainer import Trainer, TrainReport
+from rofu.service.runtime import Runtime
+from rofu.service.settings import Settings
 from tests.support import app_client
 
 CONTEXT = [0.5, -0.25, 1.0, 0.0]
@@ -145,8 +145,8 @@ def test_late_reward_posted_during_a_training_run_is_flagged_at_the_claim(
 ) -> None:
     """A reward stored after the run read its decision (without one), but before the run
     claimed it: the claim flags it late, since the run did not train on it."""
-    from service import migrate
-    from service.db.engine import make_engine, session_factory
+    from rofu.service import migrate
+    from rofu.service.db.engine import make_engine, session_factory
     from tests.factories import decision_row
 
     migrate.upgrade(sqlite_settings.database_url)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from sqlalchemy import inspect, text
 
-from service import migrate
-from service.db.engine import make_engine
+from rofu.service import migrate
+from rofu.service.db.engine import make_engine
 from tests.support import (
     insert_bare_decision,
     migration_0004_round_trip,

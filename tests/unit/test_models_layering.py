@@ -1,4 +1,4 @@
-"""`models` is a pure library: it imports with the web, database and cache stacks blocked."""
+"""`rofu.models` is a pure library: it imports with the web, database and cache stacks blocked."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ def test_models_imports_and_scores_with_io_stacks_blocked():
         class Block(importlib.abc.MetaPathFinder):
             def find_spec(self, name, path=None, target=None):
                 if name.split(".")[0] in {BLOCKED!r}:
-                    raise ImportError(f"models must not import {{name}}")
+                    raise ImportError(f"rofu.models must not import {{name}}")
                 return None
 
         sys.meta_path.insert(0, Block())
         import torch
-        import models, models.policies, models.rofu_naive
-        from models import RegulariserData, RewardNet, RewardNetConfig, RofuConfig, Transitions
+        import rofu.models as models, rofu.models.policies, rofu.models.rofu_naive
+        from rofu.models import RegulariserData, RewardNet, RewardNetConfig, RofuConfig, Transitions
         net = RewardNet(RewardNetConfig(context_dim=3, n_arms=2, hidden=(4,)))
         data = Transitions(torch.randn(5, 3), torch.tensor([0, 1, 0, 1, 0]), torch.randn(5))
         reg = RegulariserData(data, 5, torch.tensor([3, 2]))

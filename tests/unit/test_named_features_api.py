@@ -15,15 +15,15 @@ import torch
 from fastapi import FastAPI
 from sqlalchemy import text
 
-from models import Checkpoint, CheckpointError, dump_checkpoint, load_checkpoint
-from service.db import repository
-from service.errors import Conflict
-from service.features import featurize, normalise
-from service.follower import ModelState
-from service.runtime import Runtime
-from service.settings import Settings
-from service.snapshot import HASH_SEED_KEY, load_served
-from service.trainer import Trainer
+from rofu.models import Checkpoint, CheckpointError, dump_checkpoint, load_checkpoint
+from rofu.service.db import repository
+from rofu.service.deciding.features import featurize, normalise
+from rofu.service.deciding.snapshot import HASH_SEED_KEY, load_served
+from rofu.service.errors import Conflict
+from rofu.service.lifecycle.follower import ModelState
+from rofu.service.lifecycle.trainer import Trainer
+from rofu.service.runtime import Runtime
+from rofu.service.settings import Settings
 from tests.factories import make_data, make_net
 from tests.support import app_client
 

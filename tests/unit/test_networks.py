@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from models import RewardNet, RewardNetConfig
-from models.networks import ACTIVATIONS
+from rofu.models import RewardNet, RewardNetConfig
+from rofu.models.networks import ACTIVATIONS
 from tests.factories import arm_features, make_net
 
 

@@ -15,10 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 from sqlalchemy import text
 
-from service.db import repository
-from service.db.tables import DecisionRow
-from service.features import featurize
-from service.settings import ArmSpec, Settings
+from rofu.service.db import repository
+from rofu.service.db.tables import DecisionRow
+from rofu.service.deciding.features import featurize
+from rofu.service.settings import ArmSpec, Settings
 from tests.personalizer import (
     ARMS,
     EVENT_ID,

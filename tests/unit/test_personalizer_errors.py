@@ -15,12 +15,12 @@ import pytest
 from fastapi import FastAPI
 from sqlalchemy import text
 
-from service.errors import Conflict, InvalidInput
-from service.personalizer import Fields, ranking, translate
-from service.personalizer_features import merge
-from service.personalizer_schemas import RankRequest
-from service.schemas import ArmProbability, SelectResponse
-from service.settings import Settings
+from rofu.service.api.schemas import ArmProbability, SelectResponse
+from rofu.service.errors import Conflict, InvalidInput
+from rofu.service.personalizer.facade import Fields, ranking, translate
+from rofu.service.personalizer.features import merge
+from rofu.service.personalizer.schemas import RankRequest
+from rofu.service.settings import Settings
 from tests.personalizer import ARMS, EVENT_ID, PREFIX, RANK, assert_error, with_arms
 from tests.support import app_client
 

@@ -1,4 +1,4 @@
-"""Every policy in `models.policies`: the shared interface, determinism, propensities,
+"""Every policy in `rofu.models.policies`: the shared interface, determinism, propensities,
 closed-form equivalences (LinUCB, NeuralUCB, NeuralLinear, ROFU), the training schedule,
 learning sanity on a linear bandit, and refusal of bad input."""
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from models import FitConfig, RewardNetConfig, RofuConfig, Transitions, rofu_scores
-from models.policies import (
+from rofu.models import FitConfig, RewardNetConfig, RofuConfig, Transitions, rofu_scores
+from rofu.models.policies import (
     Bootstrap,
     BootstrapParams,
     Dropout,
@@ -33,7 +33,7 @@ from models.policies import (
     TrainSchedule,
     Uniform,
 )
-from models.scores import Decision, Scores
+from rofu.models.scores import Decision, Scores
 from tests.factories import arm_features, linear_problem
 
 D, A, F = 5, 4, 3  # context features, arms, arm features
@@ -745,7 +745,7 @@ def test_policy_rejects_bad_hyperparameters_naming_them(argument, build, error):
 
 
 def test_rofu_decide_is_the_one_rule_of_the_service_and_the_policy() -> None:
-    from models.policies.base import rofu_decide
+    from rofu.models.policies.base import rofu_decide
 
     mask = torch.tensor([[True, True, False, True], [False, True, True, False]])
     cold = rofu_decide(None, mask, torch.Generator().manual_seed(0))

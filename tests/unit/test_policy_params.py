@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
-from models import FitConfig, RewardNetConfig, RofuConfig
-from models.policies import (
+from rofu.models import FitConfig, RewardNetConfig, RofuConfig
+from rofu.models.policies import (
     NEURALUCB_SCHEDULE,
     Bootstrap,
     BootstrapParams,
@@ -28,8 +28,8 @@ from models.policies import (
     RofuPolicy,
     TrainSchedule,
 )
-from models.presets import PRODUCT
-from replay.policies import configuration
+from rofu.models.presets import PRODUCT
+from rofu.replay.simulation.policies import configuration
 from tests.factories import linear_problem
 
 D, A = 5, 4

@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-import replay.datasets as datasets
-import replay.learners as learners
-from models import FitConfig, ResNet, RewardNet
-from models.policies import EpsilonGreedy, Greedy, RofuPolicy, TrainSchedule
-from replay.bandits import PoolBandit, ResNetBandit
-from replay.cli import main
-from replay.policies import build_policy, learner_variant
-from replay.runner import PROTOCOLS, Job, job_policy, jobs_for
-from replay.simulate import WARM_START, RunResult, simulate
+import rofu.replay.simulation.datasets as datasets
+import rofu.replay.simulation.learners as learners
+from rofu.models import FitConfig, ResNet, RewardNet
+from rofu.models.policies import EpsilonGreedy, Greedy, RofuPolicy, TrainSchedule
+from rofu.replay.cli import main
+from rofu.replay.runner import PROTOCOLS, Job, job_policy, jobs_for
+from rofu.replay.simulation.bandits import PoolBandit, ResNetBandit
+from rofu.replay.simulation.policies import build_policy, learner_variant
+from rofu.replay.simulation.simulate import WARM_START, RunResult, simulate
 
 CPU = torch.device("cpu")
 

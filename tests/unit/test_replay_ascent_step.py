@@ -8,10 +8,10 @@ import dataclasses
 import numpy as np
 import torch
 
-from replay.bandits import PoolBandit
-from replay.bonus import step_table
-from replay.policies import build_policy
-from replay.simulate import WARM_START, RunResult, simulate
+from rofu.replay.reports.bonus import step_table
+from rofu.replay.simulation.bandits import PoolBandit
+from rofu.replay.simulation.policies import build_policy
+from rofu.replay.simulation.simulate import WARM_START, RunResult, simulate
 
 CPU = torch.device("cpu")
 

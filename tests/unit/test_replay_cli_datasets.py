@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from replay.cli import DEFAULT_OUT, build_parser, main
+from rofu.replay.cli import DEFAULT_OUT, build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,12 +17,16 @@ import numpy as np
 import pytest
 import torch
 
-from models.presets import PRESETS, PRODUCT
-from replay.bandits import PoolBandit
-from replay.cli import build_parser, main, parse_seeds
-from replay.combine import combine
-from replay.paired import holm
-from replay.policies import (
+from rofu.models.presets import PRESETS, PRODUCT
+from rofu.replay.cli import build_parser, main, parse_seeds
+from rofu.replay.reports.combine import combine
+from rofu.replay.reports.paired import holm
+from rofu.replay.reports.report import json_safe, write_report
+from rofu.replay.reports.table import markdown, same_seed_ratios, seed_ranges, summarise
+from rofu.replay.runner import Job, jobs_for, run_jobs
+from rofu.replay.runs import collect, seed_and_rounds
+from rofu.replay.simulation.bandits import PoolBandit
+from rofu.replay.simulation.policies import (
     POLICIES,
     PRESET_POLICIES,
     TUNED_PRESETS,
@@ -31,17 +35,7 @@ from replay.policies import (
     resolve_preset,
     rofu_variant,
 )
-from replay.report import (
-    json_safe,
-    markdown,
-    same_seed_ratios,
-    seed_ranges,
-    summarise,
-    write_report,
-)
-from replay.runner import Job, jobs_for, run_jobs
-from replay.runs import collect, seed_and_rounds
-from replay.simulate import WARM_START, RunResult, simulate
+from rofu.replay.simulation.simulate import WARM_START, RunResult, simulate
 
 ARMS = 3
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,7 +71,7 @@ class _Recorder:
         self.seen: list[tuple[int, float]] = []
 
     def select(self, contexts, candidates=None):
-        from models import Decision, Scores
+        from rofu.models import Decision, Scores
 
         zeros = torch.zeros(len(contexts), ARMS)
         return Decision(
@@ -121,7 +115,7 @@ def test_runresult_save_load_round_trip(tmp_path):
 
 
 def test_runner_is_resumable_and_parallel(tmp_path, monkeypatch):
-    import replay.runner as runner
+    import rofu.replay.runner as runner
 
     monkeypatch.setattr(runner, "_bandit", lambda name, data_dir: _bandit())
     jobs = jobs_for(["toy"], ["Uniform", "LinUCB"], [0, 1], rounds=30)
@@ -165,7 +159,7 @@ def test_runner_failed_job_starts_no_queued_job(tmp_path):
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
 def test_runner_workers_die_with_a_killed_parent(tmp_path):
     script = (
-        "from pathlib import Path; from replay.runner import jobs_for, run_jobs; "
+        "from pathlib import Path; from rofu.replay.runner import jobs_for, run_jobs; "
         "run_jobs(jobs_for(['wheel'], ['Greedy'], [0, 1], rounds=10**6), "
         f"Path({str(tmp_path)!r}), workers=2, progress=False)"
     )
@@ -678,9 +672,9 @@ def test_replay_http_says_how_to_start_a_service_shaped_for_the_bandit(
 ):
     import shlex
 
-    import replay.http_driver as http_driver
-    from replay.bandits import MLPBandit
-    from service.settings import Settings
+    import rofu.replay.simulation.http_driver as http_driver
+    from rofu.replay.simulation.bandits import MLPBandit
+    from rofu.service.settings import Settings
 
     command = http_driver.serve_command(MLPBandit())
     for word in shlex.split(command):
@@ -704,7 +698,7 @@ def test_replay_http_says_how_to_start_a_service_shaped_for_the_bandit(
 
 
 def test_policy_names_match_without_regard_to_case():
-    from replay.policies import canonical_policy_name
+    from rofu.replay.simulation.policies import canonical_policy_name
 
     assert canonical_policy_name("rofu-ntk") == "ROFU-NTK"
     assert canonical_policy_name("linucb") == "LinUCB"

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from replay import config
-from replay.conversions import zscore
-from replay.datafile import (
+from rofu.replay import config
+from rofu.replay.simulation.conversions import zscore
+from rofu.replay.simulation.datafile import (
     MAX_CLASSES,
     WHITESPACE,
     ClassificationFile,
@@ -18,7 +18,7 @@ from replay.datafile import (
     default_name,
     parse_delimiter,
 )
-from replay.datasets import load_statlog
+from rofu.replay.simulation.datasets import load_statlog
 
 ROWS = [(1.0, 10.0, "van"), (2.0, 30.0, "bus"), (3.0, 20.0, "van"), (4.0, 40.0, "car")]
 

@@ -9,11 +9,23 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from replay import config
-from replay.bandits import Bandit, MLPBandit, PoolBandit, Stream, WheelBandit
-from replay.conversions import FinancialBandit, class_means, label_codes, one_hot, zscore
-from replay.datafile import ClassificationFile
-from replay.datasets import DATASETS, check_datasets, load_adult, load_bandit, load_census
+from rofu.replay import config
+from rofu.replay.simulation.bandits import Bandit, MLPBandit, PoolBandit, Stream, WheelBandit
+from rofu.replay.simulation.conversions import (
+    FinancialBandit,
+    class_means,
+    label_codes,
+    one_hot,
+    zscore,
+)
+from rofu.replay.simulation.datafile import ClassificationFile
+from rofu.replay.simulation.datasets import (
+    DATASETS,
+    check_datasets,
+    load_adult,
+    load_bandit,
+    load_census,
+)
 
 SUBFOLDERS = {
     "mushroom": "mushroom",

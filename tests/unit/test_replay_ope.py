@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from models.policies import Uniform
-from models.scores import Decision, Scores
-from replay.config import data_dir
-from replay.obd import CandidateSubset, LoggedBandit, item_ctr_table, load_obd
-from replay.ope import (
+from rofu.models.policies import Uniform
+from rofu.models.scores import Decision, Scores
+from rofu.replay.config import data_dir
+from rofu.replay.ope import (
     dr_estimate,
     evaluate,
     ips_estimate,
@@ -20,7 +19,8 @@ from replay.ope import (
     ratio_estimate,
     replay_estimate,
 )
-from replay.ope_cli import run_ope
+from rofu.replay.ope_cli import run_ope
+from rofu.replay.simulation.obd import CandidateSubset, LoggedBandit, item_ctr_table, load_obd
 
 # Three equally likely contexts, four arms, Bernoulli rewards.
 MEANS = np.array([[0.2, 0.7, 0.4, 0.1], [0.6, 0.3, 0.2, 0.5], [0.1, 0.2, 0.3, 0.9]])  # (C, K)

@@ -1,5 +1,5 @@
 """ROFU-tuned: ROFU on each data set's tuned preset, beside ROFU on one preset, in a table
-of its own (`replay.tuned`)."""
+of its own (`rofu.replay.reports.tuned`)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,19 @@ import numpy as np
 import pytest
 import torch
 
-from models.presets import get_preset
-from replay import policies
-from replay.cli import main
-from replay.policies import BUILT_IN, TUNED_POLICY, build_policy, canonical_policy_name
-from replay.report import summarise
-from replay.runner import jobs_for
-from replay.simulate import RunResult
-from replay.tuned import section, split
+from rofu.models.presets import get_preset
+from rofu.replay.cli import main
+from rofu.replay.reports.table import summarise
+from rofu.replay.reports.tuned import section, split
+from rofu.replay.runner import jobs_for
+from rofu.replay.simulation import policies
+from rofu.replay.simulation.policies import (
+    BUILT_IN,
+    TUNED_POLICY,
+    build_policy,
+    canonical_policy_name,
+)
+from rofu.replay.simulation.simulate import RunResult
 
 
 def test_rofu_tuned_runs_only_where_its_preset_differs_from_rofus():

@@ -1,4 +1,5 @@
-"""Vowpal Wabbit policies (replay/vw.py): interface, determinism, learning, cost sign, errors."""
+"""Vowpal Wabbit policies (rofu/replay/simulation/vw.py): interface, determinism, learning, cost
+sign, errors."""
 
 from __future__ import annotations
 
@@ -8,9 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from models.data import Transitions
-from models.policies import Uniform
-from replay.vw import VowpalWabbit, VowpalWabbitEpsilonGreedy, VowpalWabbitSquareCB, adf_lines
+from rofu.models.data import Transitions
+from rofu.models.policies import Uniform
+from rofu.replay.simulation.vw import (
+    VowpalWabbit,
+    VowpalWabbitEpsilonGreedy,
+    VowpalWabbitSquareCB,
+    adf_lines,
+)
 
 POLICIES = [VowpalWabbitSquareCB, VowpalWabbitEpsilonGreedy]
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from models import RofuConfig, Transitions, rofu_scores
-from models.data import RegulariserData
-from models.resnet import ResNet, ResNetConfig
+from rofu.models import RofuConfig, Transitions, rofu_scores
+from rofu.models.data import RegulariserData
+from rofu.models.resnet import ResNet, ResNetConfig
 
 SMALL = (3, 8, 8)  # images small enough for seconds-long tests
 

@@ -18,16 +18,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, event, text, update
 
-from service import migrate
-from service.batcher import MicroBatcher
-from service.db import repository
-from service.db import rewards as reward_rows
-from service.db.engine import SessionFactory, make_engine, session_factory
-from service.db.rewards import RewardPost, Stored
-from service.db.tables import DecisionRow, utcnow
-from service.errors import Conflict, NotFound, Unavailable
-from service.rewards import RewardBatch
-from service.settings import Settings
+from rofu.service import migrate
+from rofu.service.db import repository
+from rofu.service.db import rewards as reward_rows
+from rofu.service.db.engine import SessionFactory, make_engine, session_factory
+from rofu.service.db.rewards import RewardPost, Stored
+from rofu.service.db.tables import DecisionRow, utcnow
+from rofu.service.deciding.batcher import MicroBatcher
+from rofu.service.errors import Conflict, NotFound, Unavailable
+from rofu.service.rewards.record import RewardBatch
+from rofu.service.settings import Settings
 from tests.factories import decision_row
 from tests.support import Transactions, app_client, eventually
 

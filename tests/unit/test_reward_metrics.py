@@ -17,12 +17,12 @@ from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
-from models.scores import ArmScore
-from service.db import repository
-from service.db.tables import DecisionRow, utcnow
-from service.reward_metrics import decision_policy, uniform_weight
-from service.runtime import Runtime
-from service.settings import Settings
+from rofu.models.scores import ArmScore
+from rofu.service.db import repository
+from rofu.service.db.tables import DecisionRow, utcnow
+from rofu.service.rewards.metrics import decision_policy, uniform_weight
+from rofu.service.runtime import Runtime
+from rofu.service.settings import Settings
 from tests.factories import decision_row
 from tests.support import app_client, seed_checkpoint
 

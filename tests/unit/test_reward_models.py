@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from models import (
+from rofu.models import (
     ConvRewardNetConfig,
     DataBuffer,
     FitConfig,
@@ -18,7 +18,7 @@ from models import (
     Transitions,
     fit,
 )
-from models.reward_model import evaluating, training
+from rofu.models.reward_model import evaluating, training
 from tests.factories import IMAGE, arm_features, make_conv_net, make_transitions
 
 

@@ -1,4 +1,4 @@
-"""How many pairs the exact estimator computes together (`models.rofu.chunk_pairs`), and
+"""How many pairs the exact estimator computes together (`rofu.models.rofu.chunk_pairs`), and
 that the choice never changes a score."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 import torch
 
-from models import RofuConfig, rofu_scores
-from models.rofu import CHUNK_BYTES, MAX_CHUNK, chunk_pairs
+from rofu.models import RofuConfig, rofu_scores
+from rofu.models.rofu import CHUNK_BYTES, MAX_CHUNK, chunk_pairs
 from tests.factories import make_data, make_net
 
 CPU = torch.device("cpu")

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from models import (
+from rofu.models import (
     ConvRewardNetConfig,
     FitConfig,
     PairModel,
@@ -21,7 +21,7 @@ from models import (
     Transitions,
     rofu_scores,
 )
-from models.policies import (
+from rofu.models.policies import (
     Bootstrap,
     Dropout,
     EpsilonGreedy,
@@ -35,7 +35,7 @@ from models.policies import (
     RofuPolicy,
     TrainSchedule,
 )
-from models.rofu_naive import rofu_scores_naive
+from rofu.models.rofu_naive import rofu_scores_naive
 from tests.factories import IMAGE, arm_features, make_conv_net, make_data
 from tests.unit.test_rofu_ntk import JIT_WARNING, _linearised_ascent
 

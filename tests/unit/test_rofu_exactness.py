@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from models import RegulariserData, RofuConfig, Transitions, rofu_scores
-from models.policies import LinUCB
-from models.rofu_naive import rofu_scores_naive
+from rofu.models import RegulariserData, RofuConfig, Transitions, rofu_scores
+from rofu.models.policies import LinUCB
+from rofu.models.rofu_naive import rofu_scores_naive
 from tests.factories import arm_features, make_data, make_net, make_transitions
 
 CASES = [
@@ -184,7 +184,7 @@ def test_rofu_bonus_is_never_negative():
 
 
 def _trained_mlp_and_data() -> tuple:
-    from models import FitConfig, fit
+    from rofu.models import FitConfig, fit
 
     net = make_net(hidden=(16,), seed=3)
     sample = make_transitions(120, 6, 4, seed=3)

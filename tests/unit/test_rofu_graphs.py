@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models import RofuConfig, rofu_scores
-from models.rofu_graphs import GraphedExact
+from rofu.models import RofuConfig, rofu_scores
+from rofu.models.rofu_graphs import GraphedExact
 from tests.factories import arm_features, make_data, make_net
 
 CASES = [

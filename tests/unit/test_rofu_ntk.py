@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch.func import functional_call, grad, jvp
 
-from models import RegulariserData, RofuConfig, rofu_scores
-from models.networks import ACTIVATION_GRADS, ACTIVATIONS
-from models.rofu import ntk_basis
-from models.rofu_config import minibatch_indices, regulariser_weights
-from models.rofu_ntk import features
+from rofu.models import RegulariserData, RofuConfig, rofu_scores
+from rofu.models.networks import ACTIVATION_GRADS, ACTIVATIONS
+from rofu.models.rofu import ntk_basis
+from rofu.models.rofu_config import minibatch_indices, regulariser_weights
+from rofu.models.rofu_ntk import features
 from tests.factories import arm_features, make_data, make_net, make_transitions
 from tests.unit.test_rofu_exactness import _converging_config, _ridge
 
@@ -203,7 +203,7 @@ def test_activation_gradients_match_autograd(activation):
 
 def test_ntk_linear_per_arm_model_equals_linucb():
     """R = |theta|^2 + |D| MSE, eta = 1/2, converged: NTK-ROFU is LinUCB (paper Thm 1)."""
-    from models.policies import LinUCB
+    from rofu.models.policies import LinUCB
 
     n_arms, dim = 3, 4
     data = make_data(60, dim, n_arms, seed=2)

@@ -1,4 +1,4 @@
-"""ROFU's ascent stability (models.rofu_stability): rho = step x the regulariser's largest
+"""ROFU's ascent stability (rofu.models.rofu_stability): rho = step x the regulariser's largest
 curvature equals the one computed from explicit per-row Jacobians (an MLP, a CNN); the cap
 cuts the step to exactly rho = cap and leaves it alone within the cap; past rho = 2 the
 uncapped NTK ascent amplifies the bonus and the capped one does not; every path that
@@ -12,11 +12,16 @@ import pytest
 import torch
 from torch.func import functional_call, jacrev
 
-from models import RewardNetConfig, RofuConfig, Transitions, rofu_scores
-from models.policies import RofuPolicy
-from models.rofu import checkpoint_config
-from models.rofu_config import minibatch_indices
-from models.rofu_stability import CURVATURE_SEED, ascent_stiffness, largest_eigenvalue, resolve_step
+from rofu.models import RewardNetConfig, RofuConfig, Transitions, rofu_scores
+from rofu.models.policies import RofuPolicy
+from rofu.models.rofu import checkpoint_config
+from rofu.models.rofu_config import minibatch_indices
+from rofu.models.rofu_stability import (
+    CURVATURE_SEED,
+    ascent_stiffness,
+    largest_eigenvalue,
+    resolve_step,
+)
 from tests.factories import IMAGE, make_conv_net, make_data, make_net
 
 

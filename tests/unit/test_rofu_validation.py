@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from models import RegulariserData, RofuConfig, Transitions, rofu_scores
-from models.rofu import minibatch_indices, regulariser_weights
-from models.rofu_naive import rofu_scores_naive
+from rofu.models import RegulariserData, RofuConfig, Transitions, rofu_scores
+from rofu.models.rofu import minibatch_indices, regulariser_weights
+from rofu.models.rofu_naive import rofu_scores_naive
 from tests.factories import IMAGE, arm_features, make_conv_net, make_data, make_net
 
 CONFIG = RofuConfig(steps=3, step_size=0.05, minibatch_size=16)

@@ -8,9 +8,9 @@ import pytest
 from pydantic import SecretStr
 from sqlalchemy import text
 
-from service.app import create_app
-from service.security import KeyRing, read_key_file
-from service.settings import Settings
+from rofu.service.api.app import create_app
+from rofu.service.api.security import KeyRing, read_key_file
+from rofu.service.settings import Settings
 from tests.support import app_client
 
 CLIENT = "client-key-aaaaaaaaaaaaaaaa"

@@ -1,4 +1,4 @@
-"""ROFU's selection rule (models.selection, models.policies.base.rofu_decide): exact
+"""ROFU's selection rule (rofu.models.selection, rofu.models.policies.base.rofu_decide): exact
 probabilities for ties, the exploration floor and inverse-gap weighting, and a draw that
 follows them."""
 
@@ -10,17 +10,17 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from models import RewardNetConfig, RofuConfig, Scores, Transitions
-from models.policies import RofuPolicy, TrainSchedule
-from models.policies.base import greedy_decision, rofu_decide
-from models.selection import (
+from rofu.models import RewardNetConfig, RofuConfig, Scores, Transitions
+from rofu.models.policies import RofuPolicy, TrainSchedule
+from rofu.models.policies.base import greedy_decision, rofu_decide
+from rofu.models.selection import (
     SelectionRule,
     choice_probabilities,
     draw_arms,
     igw_probabilities,
     tie_probabilities,
 )
-from models.training import FitConfig
+from rofu.models.training import FitConfig
 
 INF = float("inf")
 

@@ -24,16 +24,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from scipy.stats import chisquare
 from sqlalchemy import text
 
-from models import rofu_scores
-from models.rofu import ntk_basis
-from service.app import create_app
-from service.db import repository
-from service.db.faults import DatabaseStatus
-from service.follower import ModelState
-from service.runtime import Runtime
-from service.scoring import checkpoint_generator
-from service.settings import Settings
-from service.trainer import Trainer, TrainReport
+from rofu.models import rofu_scores
+from rofu.models.rofu import ntk_basis
+from rofu.service.api.app import create_app
+from rofu.service.db import repository
+from rofu.service.db.faults import DatabaseStatus
+from rofu.service.deciding.scoring import checkpoint_generator
+from rofu.service.lifecycle.follower import ModelState
+from rofu.service.lifecycle.trainer import Trainer, TrainReport
+from rofu.service.runtime import Runtime
+from rofu.service.settings import Settings
 from tests.support import app_client, seed_checkpoint
 
 CONTEXT = [0.5, -0.25, 1.0, 0.0]

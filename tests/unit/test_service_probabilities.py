@@ -14,11 +14,11 @@ import httpx
 import pytest
 from scipy.stats import chisquare
 
-from models.rofu import checkpoint_config
-from service.db import repository
-from service.runtime import Runtime
-from service.scoring import Scorer, SelectJob, event_uniform
-from service.settings import Settings
+from rofu.models.rofu import checkpoint_config
+from rofu.service.db import repository
+from rofu.service.deciding.scoring import Scorer, SelectJob, event_uniform
+from rofu.service.runtime import Runtime
+from rofu.service.settings import Settings
 from tests.support import app_client, seed_checkpoint
 
 CONTEXT = [0.5, -0.25, 1.0, 0.0]

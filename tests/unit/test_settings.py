@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from models import FitConfig, RewardNetConfig, RofuConfig
-from models.presets import PRESETS, PRODUCT
-from service.settings import ArmSpec, Settings, get_settings
+from rofu.models import FitConfig, RewardNetConfig, RofuConfig
+from rofu.models.presets import PRESETS, PRODUCT
+from rofu.service.settings import ArmSpec, Settings, get_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -204,7 +204,7 @@ def test_settings_in_process_trainer_only_embedded_without_redis() -> None:
 def test_apply_torch_threads_sets_and_logs(caplog: pytest.LogCaptureFixture) -> None:
     import torch
 
-    from service.threads import apply_torch_threads
+    from rofu.service.threads import apply_torch_threads
 
     before = torch.get_num_threads()
     try:
@@ -280,7 +280,7 @@ def test_settings_serve_the_product_preset_the_replays_rofu_runs() -> None:
     """One product, one default: what the service serves is what `--policies ROFU` runs."""
     import torch
 
-    from replay.policies import build_policy
+    from rofu.replay.simulation.policies import build_policy
 
     settings = Settings()
     assert settings.preset == "product"
@@ -342,7 +342,7 @@ def test_shipped_configurations_serve_the_product_preset_unchanged(
     settings: what they serve is what the replay validated."""
     import yaml
 
-    from service.settings import preset_settings
+    from rofu.service.settings import preset_settings
 
     owned = {f"ROFU_{key.upper()}" for key in preset_settings(PRODUCT)}
     monkeypatch.setenv("ROFU_CONFIG_FILE", str(ROOT / "config" / "demo.toml"))

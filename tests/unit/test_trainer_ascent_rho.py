@@ -9,9 +9,9 @@ import logging
 
 import pytest
 
-from models import load_checkpoint
-from models.rofu import ascent_rho
-from service.trainer import Trainer
+from rofu.models import load_checkpoint
+from rofu.models.rofu import ascent_rho
+from rofu.service.lifecycle.trainer import Trainer
 from tests.support import app_client
 from tests.trainers import log_decisions
 

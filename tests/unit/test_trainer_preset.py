@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-import service.trainer as trainer_module
-from models import load_checkpoint
-from models.presets import PRODUCT
-from service.trainer import Trainer
+import rofu.service.lifecycle.trainer as trainer_module
+from rofu.models import load_checkpoint
+from rofu.models.presets import PRODUCT
+from rofu.service.lifecycle.trainer import Trainer
 from tests.support import app_client
 
 

@@ -13,16 +13,16 @@ from typing import Any
 
 import pytest
 
-from models import load_checkpoint
-from service import migrate
-from service.bus import InProcessBus
-from service.checkpoint_store import CheckpointStore
-from service.db import repository
-from service.db.engine import make_engine, session_factory
-from service.db.tables import TrainerLeaseRow, utcnow
-from service.db.trainer_lock import LeaseLock, trainer_lock
-from service.metrics import ServiceMetrics
-from service.trainer import Trainer
+from rofu.models import load_checkpoint
+from rofu.service import migrate
+from rofu.service.db import repository
+from rofu.service.db.engine import make_engine, session_factory
+from rofu.service.db.tables import TrainerLeaseRow, utcnow
+from rofu.service.db.trainer_lock import LeaseLock, trainer_lock
+from rofu.service.lifecycle.bus import InProcessBus
+from rofu.service.lifecycle.checkpoint_store import CheckpointStore
+from rofu.service.lifecycle.trainer import Trainer
+from rofu.service.metrics import ServiceMetrics
 from tests.support import app_client
 from tests.trainers import (
     assert_trained_once,

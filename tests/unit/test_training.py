@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from models import FitConfig, RewardNet, RewardNetConfig, Transitions, fit
-from models.training import make_optimizer
+from rofu.models import FitConfig, RewardNet, RewardNetConfig, Transitions, fit
+from rofu.models.training import make_optimizer
 from tests.factories import arm_features, linear_problem, make_net, make_transitions
 
 

@@ -1,0 +1,435 @@
+"""ROFU kernel benchmark: the contenders timed side by side, interleaved, in one run.
+
+At the reference workload (context dim 64, 10 arms, MLP 64-100-100-10, M = 5, regulariser
+minibatch 256, |D| = 20 000) it times, for 1 and for 32 concurrent contexts:
+
+- `naive`: the per-pair loop (`rofu.models.rofu_naive`), the definition;
+- `rofu_reference`: the torch.func estimator (`kernel="functional"`), the former kernel,
+  as it ran when the engine issue was filed (256 pairs a chunk);
+  `rofu_reference_chunked`: the same with today's default chunks (`rofu.models.rofu.chunk_pairs`);
+- `rofu_exact`: the hand-written batched exact kernel (`rofu.models.rofu_exact`), default
+  chunks; `rofu_exact_chunk256`: the same kernel 256 pairs a chunk (what the chunks buy);
+- `rofu_ntk`: NTK-ROFU from a prepared basis (`rofu.models.rofu_ntk`; the basis itself, built
+  once per checkpoint, is timed as `ntk_prepare`);
+- `rofu_exact_graphs` (CUDA only): the exact kernel replayed from the CUDA graph of its
+  batch bucket (`rofu.models.rofu_graphs`), as the service scores on a GPU; captured during the
+  warm-up;
+- `neuralucb_diag` and `greedy` scoring on the same network;
+
+plus a plain fp32 matrix product for the machine's rate. Repetitions are interleaved
+(round robin) so that load on a shared machine hits every contender alike. Each
+estimator's FLOPs are counted, so every time is also a share of the matmul rate and a
+FLOP floor (the time it would take at that rate). Last, the two estimators' bonuses are
+compared on a partly fitted network under both baselines.
+
+    rofu bench kernel [--device cpu|cuda] [--repeats 7] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from rofu.models import (
+    FitConfig,
+    RegulariserData,
+    RewardNet,
+    RewardNetConfig,
+    RofuConfig,
+    Scores,
+    Transitions,
+    fit,
+)
+from rofu.models.policies import NeuralUCB, NeuralUCBParams
+from rofu.models.rofu import ntk_basis, rofu_scores
+from rofu.models.rofu_graphs import GraphedExact
+from rofu.models.rofu_naive import rofu_scores_naive
+
+CONTENDERS = (
+    "naive",
+    "rofu_reference",
+    "rofu_reference_chunked",
+    "rofu_exact",
+    "rofu_exact_chunk256",
+    "rofu_ntk",
+    "rofu_exact_graphs",
+    "neuralucb_diag",
+    "greedy",
+)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The reference workload of the engine issue."""
+
+    context_dim: int = 64
+    n_arms: int = 10
+    hidden: tuple[int, ...] = (100, 100)
+    steps: int = 5
+    minibatch: int = 256
+    n_data: int = 20_000
+
+    def widths(self) -> list[tuple[int, int]]:
+        dims = [self.context_dim, *self.hidden, self.n_arms]
+        return list(zip(dims[:-1], dims[1:], strict=True))
+
+    def exact_flops(self, pairs: int, *, last_update: bool = True) -> float:
+        """FLOPs of exact ROFU for `pairs` (context, arm) pairs.
+
+        Forward costs 2 * sum(in * out) per row; backward 2 * sum(in * out) for weight
+        gradients plus the same for input gradients except the first layer's. Step 1 is
+        one shared minibatch gradient plus a single-row gradient per pair; steps 2..M run
+        per pair over minibatch + query row; plus the forward at theta and at theta_M.
+        Without `last_update` (the hand-written kernel) the last step forms no weight
+        gradient: theta_M's output at the query costs 2 * sum(in + out) per row instead.
+        """
+        fwd = 2 * sum(i * o for i, o in self.widths())
+        bwd = 2 * fwd - 2 * self.widths()[0][0] * self.widths()[0][1]
+        step = fwd + bwd
+        per_pair = (self.steps - 1) * (self.minibatch + 1) * step + step + 2 * fwd
+        if not last_update and self.steps > 1:
+            saved = fwd - 2 * sum(i + o for i, o in self.widths())  # per row
+            per_pair -= (self.minibatch + 1) * saved
+        return float(pairs * per_pair + (self.minibatch * step if self.steps else 0))
+
+    def ntk_flops(self, contexts: int) -> float:
+        """FLOPs of NTK-ROFU from a prepared basis: the queries' features, their kernel
+        with the M x m rows, and the coefficient steps (each (P, known) x (known, m))."""
+        pairs, rows, m = contexts * self.n_arms, self.steps * self.minibatch, self.minibatch
+        fwd = 2 * contexts * sum(i * o for i, o in self.widths())
+        bwd = 2 * pairs * sum(i * o for i, o in self.widths()[1:])
+        cross = 2 * rows * sum(pairs * o + contexts * i for i, o in self.widths())
+        steps = 2 * pairs * m * m * self.steps * (self.steps - 1) // 2
+        return float(fwd + bwd + cross + steps)
+
+    def ntk_prepare_flops(self) -> float:
+        """FLOPs of the basis: the rows' features and the kernel blocks between steps."""
+        rows, m = self.steps * self.minibatch, self.minibatch
+        per_row = 2 * sum(i * o for i, o in self.widths()) * 2
+        blocks = self.steps * (self.steps - 1) // 2
+        gram = blocks * m * m * 2 * sum(i + o for i, o in self.widths())
+        return float(rows * per_row + gram)
+
+
+@dataclass
+class Setup:
+    """One network, its data and the contexts every contender scores."""
+
+    net: RewardNet
+    data: RegulariserData
+    neural_ucb: NeuralUCB
+    config: RofuConfig
+
+
+def _timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
+    def run(fn: Callable[[], object]) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    return run
+
+
+def _setup(work: Workload, device: torch.device) -> Setup:
+    gen = torch.Generator().manual_seed(0)
+    net_config = RewardNetConfig(
+        context_dim=work.context_dim, n_arms=work.n_arms, hidden=work.hidden
+    )
+    net = RewardNet(net_config).to(device)
+    arms = torch.randint(work.n_arms, (work.n_data,), generator=gen)
+    sample = Transitions(
+        torch.randn(work.n_data, work.context_dim, generator=gen),
+        arms,
+        torch.randn(work.n_data, generator=gen),
+    ).to(device)
+    data = RegulariserData(sample, work.n_data, torch.bincount(arms, minlength=work.n_arms))
+    neural_ucb = NeuralUCB(net_config, params=NeuralUCBParams(z="diag"), device=device)
+    neural_ucb.net.load_state_dict(net.state_dict())
+    return Setup(net, data, neural_ucb, RofuConfig(steps=work.steps, minibatch_size=work.minibatch))
+
+
+def contenders(setup: Setup, contexts: torch.Tensor) -> dict[str, Callable[[], object]]:
+    """The functions timed for one batch of contexts, all on the same network and data."""
+    net, data, config = setup.net, setup.data, setup.config
+    ntk = dataclasses.replace(config, estimator="ntk")
+    # The reference as it ran when the engine issue was filed: 256 pairs at a time.
+    fixed = dataclasses.replace(config, chunk_size=256)
+    basis = ntk_basis(net, data, ntk, torch.Generator().manual_seed(2))
+
+    def greedy() -> object:
+        with torch.no_grad():
+            return net.score_all(contexts).argmax(dim=1).cpu()
+
+    def neural_ucb_diag() -> object:
+        bonus = setup.neural_ucb.bonus(contexts)
+        return (setup.neural_ucb.predict(contexts) + bonus).argmax(dim=1).cpu()
+
+    def rofu(
+        kernel: Literal["fast", "functional"], cfg: RofuConfig = config, **kwargs: Any
+    ) -> Callable[[], object]:
+        return lambda: (
+            rofu_scores(
+                net, contexts, data, cfg, torch.Generator().manual_seed(2), kernel=kernel, **kwargs
+            )
+            .ucb.argmax(dim=1)
+            .cpu()
+        )
+
+    fns: dict[str, Callable[[], object]] = {
+        "naive": lambda: rofu_scores_naive(
+            net, contexts, data, config, torch.Generator().manual_seed(2)
+        ),
+        "rofu_reference": rofu("functional", fixed),
+        "rofu_reference_chunked": rofu("functional"),
+        "rofu_exact": rofu("fast"),
+        "rofu_exact_chunk256": rofu("fast", fixed),
+        "rofu_ntk": rofu("fast", ntk, basis=basis),
+        "ntk_prepare": lambda: ntk_basis(net, data, ntk, torch.Generator().manual_seed(2)),
+        "neuralucb_diag": neural_ucb_diag,
+        "greedy": greedy,
+    }
+    if contexts.is_cuda:
+        graphed = GraphedExact(net, data, config)
+        fns["rofu_exact_graphs"] = lambda: (
+            graphed(contexts, torch.Generator().manual_seed(2)).ucb.argmax(dim=1).cpu()
+        )
+    return fns
+
+
+def matmul_gflops(device: torch.device, repeats: int, size: int = 2048) -> float:
+    """Median fp32 GFLOP/s of a size x size matrix product."""
+    a = torch.randn(size, size, device=device)
+    b = torch.randn(size, size, device=device)
+    timer = _timer(device)
+    timer(lambda: a @ b)
+    seconds = statistics.median(timer(lambda: a @ b) for _ in range(repeats))
+    return 2 * size**3 / seconds / 1e9
+
+
+def measure(setup: Setup, batch: int, device: torch.device, repeats: int) -> dict[str, float]:
+    """Median seconds per contender, repetitions interleaved round robin."""
+    contexts = torch.randn(batch, setup.net.config.context_dim, generator=torch.Generator())
+    fns = contenders(setup, contexts.to(device))
+    timer = _timer(device)
+    for fn in fns.values():  # warm-up
+        timer(fn)
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            samples[name].append(timer(fn))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def entry(work: Workload, batch: int, medians: dict[str, float], peak: float) -> dict[str, Any]:
+    """One `contexts` entry: medians in ms, ratios, FLOPs, share of the matmul rate."""
+    flops = {
+        "rofu_reference": work.exact_flops(batch * work.n_arms),
+        "rofu_reference_chunked": work.exact_flops(batch * work.n_arms),
+        "rofu_exact": work.exact_flops(batch * work.n_arms, last_update=False),
+        "rofu_exact_chunk256": work.exact_flops(batch * work.n_arms, last_update=False),
+        "rofu_exact_graphs": work.exact_flops(batch * work.n_arms, last_update=False),
+        "rofu_ntk": work.ntk_flops(batch),
+        "ntk_prepare": work.ntk_prepare_flops(),
+    }
+    flops = {name: f for name, f in flops.items() if name in medians}
+    out: dict[str, Any] = {f"{name}_ms": 1e3 * seconds for name, seconds in medians.items()}
+    out["ratios"] = {
+        "rofu_reference_over_exact": medians["rofu_reference"] / medians["rofu_exact"],
+        "rofu_reference_chunked_over_exact": (
+            medians["rofu_reference_chunked"] / medians["rofu_exact"]
+        ),
+        "exact_chunk256_over_exact": medians["rofu_exact_chunk256"] / medians["rofu_exact"],
+        "rofu_reference_over_ntk": medians["rofu_reference"] / medians["rofu_ntk"],
+        "ntk_over_neuralucb_diag": medians["rofu_ntk"] / medians["neuralucb_diag"],
+        "exact_over_neuralucb_diag": medians["rofu_exact"] / medians["neuralucb_diag"],
+        "naive_over_exact": medians["naive"] / medians["rofu_exact"],
+    }
+    if "rofu_exact_graphs" in medians:
+        out["ratios"]["exact_over_graphs"] = medians["rofu_exact"] / medians["rofu_exact_graphs"]
+    out["flops"] = flops
+    out["share_of_matmul"] = {k: f / medians[k] / 1e9 / peak for k, f in flops.items()}
+    out["flop_floor_ms"] = {k: 1e3 * f / 1e9 / peak for k, f in flops.items()}
+    return out
+
+
+def closeness(work: Workload, device: torch.device, contexts: int = 32) -> dict[str, Any]:
+    """NTK against exact bonuses on a partly fitted network (float64), both baselines."""
+    setup = _setup(work, device)
+    net = setup.net.double()
+    gen = torch.Generator().manual_seed(5)
+    teacher = RewardNet(dataclasses.replace(net.config, seed=7)).double().to(device)
+    sample = setup.data.sample.to(device, torch.float64)
+    with torch.no_grad():
+        rewards = teacher(sample.x, sample.arms) + 0.1 * torch.randn(
+            len(sample), generator=gen, dtype=torch.float64
+        ).to(device)
+    sample = Transitions(sample.x, sample.arms, rewards)
+    fit(net, sample, FitConfig(steps=300, batch_size=256, lr=1e-3), gen)
+    data = RegulariserData(sample, setup.data.n_total, setup.data.arm_counts)
+    x = torch.randn(contexts, work.context_dim, generator=gen, dtype=torch.float64).to(device)
+    out: dict[str, Any] = {"contexts": contexts, "fit_steps": 300}
+    for baseline in ("start", "drift"):
+        got = {}
+        for estimator in ("exact", "ntk"):
+            cfg = dataclasses.replace(setup.config, baseline=baseline, estimator=estimator)
+            got[estimator] = rofu_scores(net, x, data, cfg, torch.Generator().manual_seed(3))
+        out[baseline] = _compared(got["exact"], got["ntk"])
+    return out
+
+
+def _compared(exact: Scores, ntk: Scores) -> dict[str, float | None]:
+    a, b = exact.bonus.flatten(), ntk.bonus.flatten()
+    both = (a > 0) & (b > 0)
+    relative = ((b - a).abs() / a.clamp(min=1e-12))[both]
+    same = exact.ucb.argmax(dim=1) == ntk.ucb.argmax(dim=1)
+    return {
+        "median_relative_difference": float(relative.median()) if both.any() else None,
+        "p90_relative_difference": float(relative.quantile(0.9)) if both.any() else None,
+        "exact_zero_share": float((a == 0).double().mean()),
+        "ntk_zero_share": float((b == 0).double().mean()),
+        "same_choice_share": float(same.double().mean()),
+    }
+
+
+def report(work: Workload, device: torch.device, repeats: int) -> dict[str, Any]:
+    """Run the whole benchmark and return its figures."""
+    peak = matmul_gflops(device, repeats)
+    setup = _setup(work, device)
+    entries = {}
+    for batch in (1, 32):
+        medians = measure(setup, batch, device, repeats)
+        entries[str(batch)] = entry(work, batch, medians, peak)
+    return {
+        "workload": dataclasses.asdict(work) | {"hidden": list(work.hidden)},
+        "device": str(device),
+        "device_name": _device_name(device),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "load_average": list(os.getloadavg()),
+        "repeats": repeats,
+        "matmul_gflops": peak,
+        "contexts": entries,
+        "closeness": closeness(work, device),
+    }
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine()
+
+
+def format_report(result: dict[str, Any]) -> str:
+    """A plain-text table of `report` output."""
+    work = result["workload"]
+    lines = [
+        f"ROFU kernel benchmark on {result['device']} ({result['device_name']}, "
+        f"{result['threads']} threads, torch {result['torch']}), median of "
+        f"{result['repeats']} interleaved runs, load average "
+        f"{' '.join(f'{v:.2f}' for v in result['load_average'])}",
+        f"workload: D={work['context_dim']}, A={work['n_arms']}, MLP "
+        f"{work['context_dim']}-{'-'.join(map(str, work['hidden']))}-{work['n_arms']}, "
+        f"M={work['steps']}, minibatch={work['minibatch']}, |D|={work['n_data']}",
+        f"fp32 matmul 2048x2048: {result['matmul_gflops']:.1f} GFLOP/s",
+        "",
+        f"{'contexts':>8}  {'contender':<22} {'median ms':>10} {'ms/context':>11} "
+        f"{'% of matmul':>12} {'floor ms':>9}",
+    ]
+    for batch, row in result["contexts"].items():
+        for name in (*CONTENDERS, "ntk_prepare"):
+            if f"{name}_ms" not in row:
+                continue  # rofu_exact_graphs off CUDA
+            ms = row[f"{name}_ms"]
+            share = row["share_of_matmul"].get(name)
+            floor = row["flop_floor_ms"].get(name)
+            lines.append(
+                f"{batch:>8}  {name:<22} {ms:>10.2f} {ms / int(batch):>11.3f} "
+                f"{'' if share is None else f'{100 * share:.0f}%':>12} "
+                f"{'' if floor is None else f'{floor:.2f}':>9}"
+            )
+        ratios = row["ratios"]
+        lines.append(
+            f"{'':>8}  reference/exact = {ratios['rofu_reference_over_exact']:.2f}x "
+            f"(chunked reference/exact = {ratios['rofu_reference_chunked_over_exact']:.2f}x, "
+            f"exact at 256/exact = {ratios['exact_chunk256_over_exact']:.2f}x), "
+            f"reference/ntk = {ratios['rofu_reference_over_ntk']:.1f}x, "
+            f"ntk/NeuralUCB-diag = {ratios['ntk_over_neuralucb_diag']:.2f}x, "
+            f"exact/NeuralUCB-diag = {ratios['exact_over_neuralucb_diag']:.1f}x"
+            + (
+                f", exact/graphs = {ratios['exact_over_graphs']:.2f}x"
+                if "exact_over_graphs" in ratios
+                else ""
+            )
+        )
+    near = result["closeness"]
+    lines.append("")
+    lines.append(
+        f"NTK vs exact bonus on a partly fitted network ({near['contexts']} contexts, float64):"
+    )
+    for baseline in ("start", "drift"):
+        c = near[baseline]
+        lines.append(
+            f"  {baseline:<5}: bonus relative difference median "
+            f"{_percent(c['median_relative_difference'])}, p90 "
+            f"{_percent(c['p90_relative_difference'])}; zero bonuses exact "
+            f"{_percent(c['exact_zero_share'])}, ntk {_percent(c['ntk_zero_share'])}; "
+            f"same choice {_percent(c['same_choice_share'])}"
+        )
+    return "\n".join(lines)
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of `rofu bench kernel`."""
+    parser = argparse.ArgumentParser(prog="rofu bench kernel", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--device",
+        default="auto",
+        choices=("auto", "cpu", "cuda"),
+        help="where to time the kernels (default auto: cuda when available, else cpu)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=7, help="timed repetitions per contender (default 7)"
+    )
+    parser.add_argument("--json", dest="json_path", help="also write the figures as JSON here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m rofu.bench.kernel` and `rofu bench kernel`."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    name = args.device
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available")
+    result = report(Workload(), torch.device(name), args.repeats)
+    print(format_report(result))
+    if args.json_path:
+        with open(args.json_path, "w", encoding="utf-8") as out:
+            json.dump(result, out, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

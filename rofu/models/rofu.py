@@ -1,0 +1,375 @@
+"""ROFU (Zhou et al. 2021, Alg. 2): an upper confidence bound by M steps of gradient ascent.
+
+For every (context x, arm a) pair, start at the served parameters theta and ascend
+
+    f_theta(x, a) - eta * R(theta),   R(theta) = w * MSE(theta; minibatch of D) + l2 * |theta|^2
+
+where w = |D| (form `dataset`, the paper's R = |D| MSE) or w = n_a + 1 (form `arm_count`,
+the authors' experiment code). Then
+
+    ucb(x, a) = f_theta(x, a) + bonus_scale * sqrt(max(f_theta_M(x, a) - f_theta(x, a), 0)).
+
+Step size is in the authors' normalised units: each step descends
+MSE + (l2 / w) |theta|^2 - f / (eta * w) with step kappa_j = step_size * step_decay^j, which
+is exactly ascent on f - eta * R with step kappa_j / (eta * w), but keeps kappa meaningful
+whatever |D| is.
+
+The network is any `RewardModel` (`rofu.models.reward_model`): the MLP `RewardNet`, a
+`ConvRewardNet`, or a plain module wrapped as one; contexts are (B, *context_shape).
+
+Estimators (`RofuConfig.estimator`): `exact` runs the steps on the network. With
+`kernel="fast"` a `RewardNet` takes the hand-written batched kernel of `rofu.models.rofu_exact`
+and every other model falls back to the torch.func path of `rofu.models.rofu_functional`
+(`kernel="functional"` forces it: the reference the kernel is measured against). `ntk`
+runs them on the network's first-order expansion (`rofu.models.rofu_ntk`: rank-one kernels for
+a `RewardNet`, explicit per-row gradients otherwise), from an `NtkBasis` that can be
+prepared once per checkpoint. Both run the network in eval mode (batch norm on its running
+statistics) and restore the caller's mode afterwards.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from rofu.models.data import RegulariserData
+from rofu.models.networks import RewardNet
+from rofu.models.reward_model import RewardModel, evaluating
+from rofu.models.rofu_config import (
+    BASELINES,
+    ESTIMATORS,
+    REGULARISERS,
+    RofuConfig,
+    minibatch_indices,
+    regulariser_weights,
+)
+from rofu.models.rofu_exact import ExactAscent
+from rofu.models.rofu_functional import FunctionalAscent
+from rofu.models.rofu_ntk import NtkBasis, features, ntk_gains, prepare_ntk
+from rofu.models.rofu_stability import ascent_stiffness, resolve_step
+from rofu.models.scores import Scores
+from rofu.models.validation import (
+    check_choice,
+    check_context_batch,
+    check_float_tensor,
+    check_mask_tensor,
+    describe_contexts,
+    require_tensor,
+)
+
+__all__ = [
+    "BASELINES",
+    "ESTIMATORS",
+    "REGULARISERS",
+    "CHUNK_BYTES",
+    "MAX_CHUNK",
+    "NtkBasis",
+    "RofuConfig",
+    "chunk_pairs",
+    "minibatch_indices",
+    "ntk_basis",
+    "regulariser_weights",
+    "rofu_scores",
+]
+
+Params = dict[str, Tensor]
+KERNELS = ("fast", "functional")
+# Pairs per chunk when `config.chunk_size` is None. On a CPU the exact kernel slows by
+# 1.5-3.5x once a chunk's activations outgrow the cache (measured for 64-100-100-10,
+# 64-256-256-10 and 64-100-10 MLPs: `rofu bench kernel` times the old fixed 256 beside it).
+CHUNK_BYTES = 8 << 20
+MAX_CHUNK = 256
+
+
+def rofu_scores(
+    net: RewardModel,
+    contexts: Tensor,
+    data: RegulariserData,
+    config: RofuConfig,
+    generator: torch.Generator,
+    *,
+    candidates: Tensor | None = None,
+    arm_features: Tensor | None = None,
+    pair_features: Tensor | None = None,
+    params: Params | None = None,
+    basis: NtkBasis | None = None,
+    kernel: Literal["fast", "functional"] = "fast",
+) -> Scores:
+    """Score B contexts x A arms with ROFU, all pairs batched.
+
+    Args:
+        net: any `RewardModel`; gives the network's structure and buffers (and its
+            parameters unless `params` is given).
+        contexts: (B, *context_shape) contexts: (B, D) for an MLP, (B, C, H, W) images.
+        data: the regulariser's data sample with |D| and per-arm counts.
+        config: ROFU hyper-parameters (`config.estimator` picks exact or ntk). With a
+            `stability_cap`, the step is resolved here (`rofu.models.rofu_stability`); pass
+            `checkpoint_config`'s result to resolve it once per checkpoint.
+        generator: draws the regulariser minibatches (CPU generator); not used by `ntk`
+            when `basis` is given.
+        candidates: (B, A) bool, pairs to score; None scores every arm.
+        arm_features: (A, F) arm features, required by arm-feature networks. Rows of the
+            data sample that carry their own (`Transitions.features`) read those.
+        pair_features: (B, A, F) per-request arm features of an arm-feature network:
+            context b scores arm a with `pair_features[b, a]` instead of `arm_features[a]`
+            (the regulariser's rows and weights are unchanged; arm a's pull count stays
+            arm a's). Only the candidates' entries are read.
+        params: parameters theta_{t-1}; defaults to `net`'s own.
+        basis: for `ntk`, the checkpoint's prepared `ntk_basis` (built here when None).
+        kernel: for `exact`, `fast` takes the hand-written kernel where it applies (a
+            `RewardNet`) and torch.func elsewhere; `functional` always torch.func (the
+            reference).
+
+    Returns:
+        Scores with (B, A) mean and bonus; NaN where `candidates` is False.
+
+    Raises:
+        ValueError, TypeError: on a bad argument, naming it.
+        RuntimeError: under torch.inference_mode(), where no gradient can be taken.
+    """
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError("rofu_scores needs gradients; do not call it under inference_mode")
+    check_choice("kernel", kernel, KERNELS)
+    theta = _parameters(net, params)
+    device, dtype = next(iter(theta.values())).device, next(iter(theta.values())).dtype
+    contexts, arm_features, mask = _validated(net, contexts, data, candidates, arm_features)
+    _check_pair_features(net, pair_features, mask.shape)
+    if arm_features is not None:
+        arm_features = arm_features.to(device, dtype)
+    if config.stability_cap is not None:  # callers that score a checkpoint often resolve once
+        config = resolve_step(net, data, config, theta, arm_features)
+    batch_idx, arms = mask.nonzero(as_tuple=True)  # (P,), (P,)
+    weights = regulariser_weights(data, arms, config).to(device, dtype)  # (P,)
+    table, rows = _query_rows(net, arm_features, pair_features, batch_idx, arms)
+    contexts = contexts.to(device, dtype)
+    with evaluating(net):  # batch norm on its running statistics; the caller's mode after
+        if config.estimator == "ntk":
+            if basis is None:
+                basis = prepare_ntk(net, theta, data, config, generator, arm_features)
+            owner = batch_idx.to(device)
+            query = features(net, theta, contexts, rows.to(device), table, owner)
+            f0, gain = ntk_gains(basis, query, weights, config)
+            mean, bonus = [f0], [_bonus(gain, config)]
+        else:
+            steps = minibatch_indices(len(data.sample), config, generator)
+            sample = data.sample.to(device, dtype)  # no copy when already there
+            ascent: ExactAscent | FunctionalAscent
+            if kernel == "fast" and isinstance(net, RewardNet):  # the kernel's only model
+                ascent = ExactAscent(net, sample, table, config, steps)
+            else:
+                ascent = FunctionalAscent(net, sample, table, config, steps)
+            chunk = chunk_pairs(net, config, device, len(data.sample))
+            mean, bonus = _ascend(ascent, theta, contexts, batch_idx, rows, weights, config, chunk)
+    return _scatter(mask, batch_idx, arms, mean, bonus, device, dtype)
+
+
+def _query_rows(
+    net: RewardModel,
+    arm_features: Tensor | None,
+    pair_features: Tensor | None,
+    batch_idx: Tensor,
+    arms: Tensor,
+) -> tuple[Tensor | None, Tensor]:
+    """The feature table the P pairs read and each pair's row of it, (P,).
+
+    Without per-request features: `arm_features`, read at each pair's arm. With them:
+    `arm_features` followed by the B x A per-request rows; pair (b, a) reads row
+    A + b * A + a.
+    """
+    if pair_features is None or arm_features is None:
+        return arm_features, arms
+    n_arms = arm_features.shape[0]
+    flat = pair_features.to(arm_features).reshape(-1, net.arm_feature_dim)  # (B*A, F)
+    return torch.cat([arm_features, flat]), n_arms + batch_idx * n_arms + arms
+
+
+def _ascend(
+    ascent: ExactAscent | FunctionalAscent,
+    theta: Params,
+    contexts: Tensor,
+    batch_idx: Tensor,
+    arms: Tensor,
+    weights: Tensor,
+    config: RofuConfig,
+    chunk_size: int,
+) -> tuple[list[Tensor], list[Tensor]]:
+    """Means and bonuses of the P pairs (batch_idx, arms), `chunk_size` at a time."""
+    device = contexts.device
+    mean, bonus = [], []
+    for start in range(0, arms.numel(), chunk_size):
+        chunk = slice(start, start + chunk_size)
+        pair_x = contexts[batch_idx[chunk].to(device)]  # (P, *context_shape)
+        f0, gain = ascent.ascend(theta, pair_x, arms[chunk].to(device), weights[chunk])
+        mean.append(f0)
+        bonus.append(_bonus(gain, config))
+    return mean, bonus
+
+
+def chunk_pairs(net: RewardModel, config: RofuConfig, device: torch.device, n_rows: int) -> int:
+    """Pairs the exact estimator computes together: `config.chunk_size` when set; else, on a
+    CPU and for an MLP `RewardNet`, as many as keep the working set, about
+    (minibatch + 1) * sum(hidden) * 16 bytes a pair, within `CHUNK_BYTES` (at least one,
+    at most `MAX_CHUNK`); else `MAX_CHUNK`. `n_rows` is the data sample's size (the
+    minibatch when `minibatch_size` is None or larger)."""
+    if config.chunk_size is not None:
+        return config.chunk_size
+    if device.type != "cpu" or not isinstance(net, RewardNet):
+        return MAX_CHUNK
+    rows = min(config.minibatch_size or n_rows, n_rows) + 1
+    per_pair = rows * max(sum(net.config.hidden), 1) * 16
+    return max(1, min(MAX_CHUNK, CHUNK_BYTES // per_pair))
+
+
+def ntk_basis(
+    net: RewardModel,
+    data: RegulariserData,
+    config: RofuConfig,
+    generator: torch.Generator,
+    *,
+    arm_features: Tensor | None = None,
+    params: Params | None = None,
+) -> NtkBasis:
+    """Prepare NTK-ROFU's per-checkpoint work once (see `rofu.models.rofu_ntk`).
+
+    The basis is valid for these parameters, this data sample and these arm features;
+    |D| and the arm counts may change afterwards (they enter only the per-pair weights).
+    """
+    theta, arm_features = _checkpoint_inputs(net, data, arm_features, params)
+    with torch.no_grad(), evaluating(net):
+        return prepare_ntk(net, theta, data, config, generator, arm_features)
+
+
+def checkpoint_config(
+    net: RewardModel,
+    data: RegulariserData,
+    config: RofuConfig,
+    *,
+    arm_features: Tensor | None = None,
+    params: Params | None = None,
+) -> RofuConfig:
+    """The configuration a checkpoint is scored with: `config` itself, or with a
+    `stability_cap` the step it resolves to at these parameters and data
+    (`rofu.models.rofu_stability`). Resolve once per checkpoint and score with the result."""
+    if config.stability_cap is None:
+        return config
+    theta, arm_features = _checkpoint_inputs(net, data, arm_features, params)
+    return resolve_step(net, data, config, theta, arm_features)
+
+
+def ascent_rho(
+    net: RewardModel,
+    data: RegulariserData,
+    config: RofuConfig,
+    *,
+    arm_features: Tensor | None = None,
+    params: Params | None = None,
+) -> float:
+    """rho at `config`'s own step (no cap applied): the step times the regulariser's
+    largest curvature at these parameters and data (`rofu.models.rofu_stability`). The ascent
+    is monotone up to 1 and diverges past 2."""
+    theta, arm_features = _checkpoint_inputs(net, data, arm_features, params)
+    return ascent_stiffness(net, data, config, theta, arm_features)
+
+
+def _checkpoint_inputs(
+    net: RewardModel,
+    data: RegulariserData,
+    arm_features: Tensor | None,
+    params: Params | None,
+) -> tuple[Params, Tensor | None]:
+    """The parameters and checked arm features (on the parameters' device) of a checkpoint."""
+    theta = _parameters(net, params)
+    device, dtype = next(iter(theta.values())).device, next(iter(theta.values())).dtype
+    dummy = torch.zeros(0, *net.context_shape, dtype=dtype)
+    _, arm_features, _ = _validated(net, dummy, data, None, arm_features)
+    if arm_features is not None:
+        arm_features = arm_features.to(device, dtype)
+    return theta, arm_features
+
+
+def _bonus(gain: Tensor, config: RofuConfig) -> Tensor:
+    return config.bonus_scale * gain.clamp(min=0).sqrt()
+
+
+def _parameters(net: RewardModel, params: Params | None) -> Params:
+    if not isinstance(net, RewardModel):
+        raise TypeError(
+            f"net must be a RewardModel (rofu.models.reward_model), got {type(net).__name__}"
+        )
+    source = params if params is not None else dict(net.named_parameters())
+    expected = {name for name, _ in net.named_parameters()}
+    if set(source) != expected:
+        raise ValueError(f"params must have exactly the keys {sorted(expected)}")
+    return {name: p.detach() for name, p in source.items()}
+
+
+def _validated(
+    net: RewardModel,
+    contexts: Tensor,
+    data: RegulariserData,
+    candidates: Tensor | None,
+    arm_features: Tensor | None,
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    contexts = check_context_batch("contexts", contexts, net.context_shape)
+    if net.per_arm_outputs:
+        if arm_features is not None:
+            raise ValueError("arm_features must be None for a network with one output per arm")
+    else:
+        arm_features = check_float_tensor(
+            "arm_features", arm_features, ndim=2, size={1: net.arm_feature_dim}
+        )
+    n_arms = net.arm_count(arm_features)
+    if not isinstance(data, RegulariserData):
+        raise TypeError(f"data must be RegulariserData, got {type(data).__name__}")
+    if len(data.sample) == 0:
+        raise ValueError("data.sample is empty: ROFU needs at least one logged transition")
+    if tuple(data.sample.x.shape[1:]) != net.context_shape:
+        raise ValueError(f"data.sample.x must have {describe_contexts(net.context_shape)}")
+    own = data.sample.features
+    if own is not None and (net.per_arm_outputs or own.shape[1] != net.arm_feature_dim):
+        raise ValueError(
+            f"data.sample.features must have {net.arm_feature_dim} columns (per-row arm "
+            "features need an arm-feature network)"
+        )
+    if own is None and int(data.sample.arms.max()) >= n_arms:
+        raise ValueError(f"data.sample.arms refers to an arm >= {n_arms}, the number of arms")
+    shape = (contexts.shape[0], n_arms)
+    if candidates is None:
+        return contexts, arm_features, torch.ones(shape, dtype=torch.bool)
+    mask = require_tensor("candidates", candidates).cpu()
+    return contexts, arm_features, check_mask_tensor("candidates", mask, shape)
+
+
+def _check_pair_features(
+    net: RewardModel, pair_features: Tensor | None, shape: tuple[int, ...]
+) -> None:
+    if pair_features is None:
+        return
+    if net.per_arm_outputs:
+        raise ValueError("pair_features must be None for a network with one output per arm")
+    check_float_tensor(
+        "pair_features",
+        pair_features,
+        ndim=3,
+        size={0: shape[0], 1: shape[1], 2: net.arm_feature_dim},
+    )
+
+
+def _scatter(
+    mask: Tensor,
+    batch_idx: Tensor,
+    arms: Tensor,
+    mean: list[Tensor],
+    bonus: list[Tensor],
+    device: torch.device,
+    dtype: torch.dtype,
+) -> Scores:
+    def fill(parts: list[Tensor]) -> Tensor:
+        out = torch.full(mask.shape, float("nan"), dtype=dtype, device=device)
+        if parts:
+            out[batch_idx.to(device), arms.to(device)] = torch.cat(parts).detach()
+        return out
+
+    return Scores(mean=fill(mean), bonus=fill(bonus))

@@ -1,0 +1,119 @@
+"""ROFU's hyper-parameters and what every estimator shares: minibatches and weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rofu.models.data import RegulariserData
+from rofu.models.selection import SelectionRule
+from rofu.models.validation import check_choice, check_float, check_int
+
+REGULARISERS = ("dataset", "arm_count")
+BASELINES = ("start", "drift")
+ESTIMATORS = ("exact", "ntk")
+
+
+@dataclass(frozen=True)
+class RofuConfig:
+    """Hyper-parameters of the ROFU estimator.
+
+    Defaults follow the paper's experiments (M = 5, eta = 1, R = |D| MSE, g = sqrt) with
+    the authors' code's SGD step 0.01 and a regulariser minibatch of 256.
+
+    Attributes:
+        steps: M, gradient-ascent steps (0 gives a zero bonus).
+        step_size: kappa, in normalised units (see the module docstring).
+        step_decay: kappa_j = step_size * step_decay ** j.
+        eta: weight of the regulariser.
+        regulariser: `dataset` (w = |D|) or `arm_count` (w = n_a + 1).
+        l2: coefficient of |theta|^2 inside R (1 with eta = 1/2 gives LinUCB, paper Thm 1).
+        minibatch_size: rows of the data sample per step; None uses the whole sample.
+        bonus_scale: multiplies g(w) = sqrt(max(w, 0)) (the authors' `coef`).
+        chunk_size: pairs computed together; their working set is roughly
+            chunk_size * minibatch_size * sum(hidden) * 16 bytes. None (the default)
+            picks it for the device (`rofu.models.rofu.chunk_pairs`): on a CPU, as many pairs
+            as keep an MLP's working set near `CHUNK_BYTES` (past the cache the kernel
+            runs 1.5-3.5x slower; `rofu bench kernel`), elsewhere `MAX_CHUNK`. The
+            results do not depend on it.
+        baseline: what the gain g is applied to is measured against. `start` (the paper):
+            f_theta_M(x, a) - f_theta(x, a). `drift`: f_theta_M(x, a) - f_theta~_M(x, a),
+            where theta~ takes the same steps on the same minibatches without the
+            optimism term; this removes the change in f that R's own descent causes when
+            theta_{t-1} does not minimise R exactly (and equals `start` when it does).
+        estimator: `exact` runs the M steps on the network itself; `ntk` runs the same
+            steps on its first-order expansion around theta (the paper's NTK regulariser,
+            appendix), in the span of the gradient features: far cheaper, and equal to
+            `exact` for a model that is linear in its parameters.
+        selection: how the UCBs become a choice (`rofu.models.selection`): `argmax` (ties
+            uniform) or `igw` (inverse-gap weighting).
+        exploration_floor: eps, the weight of a uniform choice mixed into the rule's, so
+            every candidate keeps probability >= eps / K (0: none).
+        igw_gamma: gamma of `igw`: an arm gap below the best UCB gets 1 / (K + gamma gap).
+        stability_cap: None (the paper's fixed step) or the largest rho = kappa * L the
+            ascent may run at, L the regulariser's curvature at the checkpoint
+            (`rofu.models.rofu_stability`): the step is cut to cap / L where it exceeds it.
+            Past rho = 2 the steps diverge; 1 keeps them monotone.
+    """
+
+    steps: int = 5
+    step_size: float = 0.01
+    step_decay: float = 1.0
+    eta: float = 1.0
+    regulariser: str = "dataset"
+    l2: float = 0.0
+    minibatch_size: int | None = 256
+    bonus_scale: float = 1.0
+    chunk_size: int | None = None
+    baseline: str = "start"
+    estimator: str = "exact"
+    selection: str = "argmax"
+    exploration_floor: float = 0.0
+    igw_gamma: float = 100.0
+    stability_cap: float | None = None
+
+    def __post_init__(self) -> None:
+        check_int("steps", self.steps, low=0)
+        check_float("step_size", self.step_size, low=0.0, low_open=True)
+        check_float("step_decay", self.step_decay, low=0.0, high=1.0, low_open=True)
+        check_float("eta", self.eta, low=0.0, low_open=True)
+        check_choice("regulariser", self.regulariser, REGULARISERS)
+        check_float("l2", self.l2, low=0.0)
+        if self.minibatch_size is not None:
+            check_int("minibatch_size", self.minibatch_size, low=1)
+        check_float("bonus_scale", self.bonus_scale, low=0.0)
+        if self.chunk_size is not None:
+            check_int("chunk_size", self.chunk_size, low=1)
+        check_choice("baseline", self.baseline, BASELINES)
+        check_choice("estimator", self.estimator, ESTIMATORS)
+        SelectionRule(self.selection, self.exploration_floor, self.igw_gamma)  # checks them
+        if self.stability_cap is not None:
+            check_float("stability_cap", self.stability_cap, low=0.0, low_open=True)
+
+    @property
+    def rule(self) -> SelectionRule:
+        """The selection rule the UCBs are decided by (`rofu.models.selection`)."""
+        return SelectionRule(self.selection, self.exploration_floor, self.igw_gamma)
+
+
+def minibatch_indices(n_rows: int, config: RofuConfig, generator: torch.Generator) -> Tensor | None:
+    """Rows of the data sample used at each step: (M, m), or None for the whole sample.
+
+    Every pair of one call sees the same minibatches (common random numbers).
+    """
+    if config.minibatch_size is None or config.minibatch_size >= n_rows:
+        return None
+    return torch.randint(n_rows, (config.steps, config.minibatch_size), generator=generator)
+
+
+def regulariser_weights(data: RegulariserData, arms: Tensor, config: RofuConfig) -> Tensor:
+    """w per pair: |D| for `dataset`, n_a + 1 for `arm_count`. (P,) int64 -> (P,) float64."""
+    if config.regulariser == "dataset":
+        return torch.full(arms.shape, float(data.n_total), dtype=torch.float64)
+    counts = data.arm_counts.to(torch.float64)
+    needed = int(arms.max()) + 1 if arms.numel() else 0
+    if counts.numel() < needed:  # arms added after the data was counted have no pulls
+        counts = torch.cat([counts, counts.new_zeros(needed - counts.numel())])
+    return counts[arms.cpu()] + 1.0

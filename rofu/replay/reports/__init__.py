@@ -1,0 +1,1 @@
+"""The replay's reports: statistics over paired seeds, tables, regret and bonus curves."""

@@ -1,0 +1,28 @@
+"""POST /reward."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from rofu.service.api.deps import ClientAuth, MetricsDep, RewardBatcherDep, SettingsDep
+from rofu.service.api.routes import API_PREFIX
+from rofu.service.api.schemas import RewardRequest, RewardResponse, error_responses
+from rofu.service.rewards.record import record_reward
+
+router = APIRouter(prefix=API_PREFIX, tags=["decisions"], dependencies=[ClientAuth])
+ERRORS = error_responses(400, 401, 403, 404, 409, 413, 422, 503)
+
+
+@router.post("/reward", response_model=RewardResponse, responses=ERRORS)
+async def reward(
+    body: RewardRequest, settings: SettingsDep, rewards: RewardBatcherDep, metrics: MetricsDep
+) -> RewardResponse:
+    """Attach a reward to a decision; durable before the 2xx; the first value wins; one
+    after the decision's window is stored flagged `late`."""
+    outcome = await record_reward(body.event_id, body.value, settings, rewards, metrics)
+    return RewardResponse(
+        event_id=outcome.event_id,
+        value=outcome.value,
+        duplicate=outcome.duplicate,
+        late=outcome.late,
+    )

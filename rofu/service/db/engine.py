@@ -1,0 +1,185 @@
+"""Engines for Postgres (production) and SQLite (embedded), with durable settings and
+bounded waits."""
+
+from __future__ import annotations
+
+import functools
+import os
+import secrets
+import sqlite3
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Engine, create_engine, event, insert, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from rofu.service.db.tables import DecisionRow, RewardRow
+
+if TYPE_CHECKING:
+    from rofu.service.settings import Settings
+
+SessionFactory = sessionmaker[Session]
+# A Postgres server that vanishes (a failover, a network black hole) never cancels a
+# statement itself: TCP keepalives and a limit on unacknowledged data drop the connection
+# after about 20 s of silence instead.
+KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 20_000,
+}
+
+
+@dataclass(frozen=True)
+class DatabaseLimits:
+    """How long any one wait for the database may last (the `db_*` settings).
+
+    A request waits at most `pool_timeout_s` for a pooled connection, then each statement
+    at most `statement_timeout_ms` (Postgres; a lock at most `lock_timeout_ms`) or
+    `sqlite_busy_timeout_ms` for SQLite's write lock. A new Postgres connection gives up
+    after `connect_timeout_s`.
+    """
+
+    pool_timeout_s: float = 5.0
+    connect_timeout_s: int = 5
+    statement_timeout_ms: int = 5_000
+    lock_timeout_ms: int = 2_000
+    sqlite_busy_timeout_ms: int = 5_000
+
+    @classmethod
+    def of(cls, settings: Settings) -> DatabaseLimits:
+        """The limits `settings` configure."""
+        return cls(
+            pool_timeout_s=settings.db_pool_timeout_seconds,
+            connect_timeout_s=settings.db_connect_timeout_seconds,
+            statement_timeout_ms=settings.db_statement_timeout_ms,
+            lock_timeout_ms=settings.db_lock_timeout_ms,
+            sqlite_busy_timeout_ms=settings.sqlite_busy_timeout_ms,
+        )
+
+
+def normalise_url(url: str) -> str:
+    """Use the psycopg 3 driver for plain postgresql:// URLs."""
+    if url.startswith("postgresql://"):
+        return "postgresql+psycopg://" + url[len("postgresql://") :]
+    return url
+
+
+def make_engine(url: str, limits: DatabaseLimits | None = None) -> Engine:
+    """An engine; SQLite gets WAL, full fsync, foreign keys and a busy timeout.
+
+    With `limits` every wait is bounded by them; without (migrations, the trainer, the
+    CLI) statements may run and wait for locks as long as they need.
+    """
+    url = normalise_url(url)
+    if not url.startswith("sqlite"):
+        return _postgres_engine(url, limits)
+    database = make_url(url).database
+    file_backed = bool(database) and database != ":memory:"
+    if file_backed:
+        Path(str(database)).parent.mkdir(parents=True, exist_ok=True)
+    busy_ms = 30_000 if limits is None else limits.sqlite_busy_timeout_ms
+    options: dict[str, Any] = {} if limits is None else {"pool_timeout": limits.pool_timeout_s}
+    engine = create_engine(
+        url, connect_args={"check_same_thread": False, "timeout": busy_ms / 1000}, **options
+    )
+    event.listen(engine, "connect", functools.partial(_sqlite_pragmas, busy_ms))
+    if file_backed:  # before a new connection's first statement, and before every one
+        guard = functools.partial(_refuse_unwritable_shm, f"{database}-shm")
+        event.listen(engine, "connect", guard, insert=True)
+        event.listen(engine, "before_cursor_execute", guard)
+    return engine
+
+
+def _postgres_engine(url: str, limits: DatabaseLimits | None) -> Engine:
+    pool: dict[str, Any] = {"pool_pre_ping": True, "pool_size": 10, "max_overflow": 10}
+    if limits is None:
+        return create_engine(url, **pool)
+    engine = create_engine(
+        url,
+        **pool,
+        pool_timeout=limits.pool_timeout_s,
+        connect_args={"connect_timeout": limits.connect_timeout_s, **KEEPALIVES},
+    )
+    event.listen(engine, "connect", functools.partial(_postgres_timeouts, limits))
+    return engine
+
+
+def _postgres_timeouts(limits: DatabaseLimits, dbapi_connection: Any, _record: object) -> None:
+    # SET, not the `options` startup parameter, which connection poolers often refuse;
+    # committed so that no later rollback of this first transaction undoes it.
+    with dbapi_connection.cursor() as cursor:
+        cursor.execute(f"SET statement_timeout = {int(limits.statement_timeout_ms)}")
+        cursor.execute(f"SET lock_timeout = {int(limits.lock_timeout_ms)}")
+    dbapi_connection.commit()
+
+
+def _sqlite_pragmas(busy_ms: int, dbapi_connection: Any, _record: object) -> None:
+    cursor = dbapi_connection.cursor()
+    for pragma in (
+        "journal_mode=WAL",
+        "synchronous=FULL",  # an acknowledged reward survives power loss
+        "foreign_keys=ON",
+        f"busy_timeout={int(busy_ms)}",
+    ):
+        cursor.execute(f"PRAGMA {pragma}")
+    cursor.close()
+
+
+def _refuse_unwritable_shm(shm: str, *_: object) -> None:
+    # SQLite maps the WAL index (<db>-shm) into memory and writes to it in every read and
+    # write transaction; once the file cannot be written (e.g. made immutable), such a
+    # write kills the process with SIGBUS. Refuse the statement before SQLite sees it:
+    # the request gets a 503. (Closing such a connection still writes to it.)
+    if os.path.exists(shm) and not os.access(shm, os.W_OK):
+        error = sqlite3.OperationalError(
+            f"attempt to write a readonly database: {shm} (the WAL index) is not writable"
+        )
+        error.sqlite_errorname = "SQLITE_READONLY"
+        raise error
+
+
+def session_factory(engine: Engine) -> SessionFactory:
+    """Sessions that keep loaded rows usable after commit."""
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def ping(engine: Engine) -> None:
+    """Raise if the database cannot answer a trivial query."""
+    with engine.connect() as connection:
+        connection.execute(text("select 1"))
+
+
+def probe_write(engine: Engine) -> None:
+    """Raise unless the tables the API writes take a write; nothing is kept.
+
+    Inserts a decision and its reward and rolls them back. The decision spans several
+    pages, so a database that cannot grow (a full disk, SQLite's max_page_count) fails
+    like a real write; so do a lock held on either table, a read-only file or standby.
+    """
+    event_id = f"rofu-write-probe-{uuid.uuid4().hex}"
+    decision = {
+        "event_id": event_id,
+        "context": [0.0] * 2048,  # about 10 kB of JSON: more than a page
+        "candidates": [],
+        "arm_id": "",
+        "slot": 0,
+        "propensity": 1.0,
+        "model_version": 0,
+        "explore": False,
+        "policy": "write-probe",
+        "scores": [],
+        "request_hash": "",
+    }
+    with engine.connect() as connection:
+        transaction = connection.begin()
+        try:
+            connection.execute(insert(DecisionRow).values(**decision))
+            reward = {"id": -1 - secrets.randbelow(2**31 - 1), "event_id": event_id, "value": 0.0}
+            connection.execute(insert(RewardRow).values(**reward))  # an id: no sequence used
+        finally:
+            transaction.rollback()

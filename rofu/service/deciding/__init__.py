@@ -1,0 +1,1 @@
+"""Deciding: a /select request validated, batched, scored with ROFU from the served snapshot."""

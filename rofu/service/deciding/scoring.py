@@ -1,0 +1,261 @@
+"""Scoring a micro-batch of /select requests with ROFU from the served snapshot.
+
+A request's scores depend only on the served version, its candidates (with their
+features: the catalogue's, or the request's own) and its context:
+every random number of the estimator (the regulariser's minibatches) comes from the
+checkpoint's own generator, drawn afresh for every call, so batch mates and earlier
+calls change nothing: bit for bit on a CPU, and with NTK-ROFU on a GPU. The exact
+estimator on a GPU replays one CUDA graph per batch-size bucket, and cuBLAS picks its
+kernels by shape, so there batch mates can move a score in its last float32 bits (4e-6
+relative, measured on an H100; `benchmarks/RESULTS.md`). The choice is random only where
+the selection rule says so (ties, the exploration floor, inverse-gap weighting), and its
+draw is one uniform number per event, derived from the seed and the event id
+(`event_uniform`): the logged probabilities are exactly those the draw used, and the draw
+can be recomputed from the log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from rofu.models import RofuConfig, Scores, rofu_scores
+from rofu.models.policies.base import rofu_decide
+from rofu.models.rofu import NtkBasis, checkpoint_config, ntk_basis
+from rofu.models.rofu_graphs import GraphedExact
+from rofu.models.scores import ArmScore, Decision
+from rofu.service.deciding.catalogue import Arm, CatalogueCache
+from rofu.service.deciding.snapshot import Snapshot, SnapshotHolder
+
+log = logging.getLogger("rofu.scoring")
+
+COLD_START = "cold-start"
+ROFU = "rofu"
+
+
+def checkpoint_generator(seed: int, version: int) -> torch.Generator:
+    """A fresh generator for a checkpoint's minibatches (the NTK basis's, or each exact
+    call's): the same for every call and every replica serving that version."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + version)
+
+
+def _per_request(jobs: list[SelectJob], features: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, slots, F) arm features by job: the catalogue's, with each job's own in place;
+    None when no job has its own (or the network reads no arm features)."""
+    if features is None or not any(job.arm_features for job in jobs):
+        return None
+    table = features.expand(len(jobs), *features.shape).clone()  # (B, slots, F)
+    for row, job in enumerate(jobs):
+        for slot, values in job.arm_features:
+            table[row, slot] = torch.tensor(values, dtype=table.dtype)
+    return table
+
+
+def event_uniform(seed: int, event_id: str) -> float:
+    """The uniform number in [0, 1) that draws the arm of event `event_id`: 53 bits of
+    SHA-256(seed, event id), so distinct events draw independently of each other, of
+    their batch mates and of the replica."""
+    digest = hashlib.sha256(f"{seed}:{event_id}".encode()).digest()
+    return (int.from_bytes(digest[:8], "big") >> 11) / 2.0**53
+
+
+@dataclass(frozen=True)
+class SelectJob:
+    """One validated /select request, with the event id its decision is stored under.
+
+    `arm_features`: (slot, features) of the candidates given per-request arm features,
+    which replace the catalogue's for this job (arm-feature networks only).
+    """
+
+    event_id: str
+    context: tuple[float, ...]
+    candidates: tuple[Arm, ...]
+    explore: bool
+    arm_features: tuple[tuple[int, tuple[float, ...]], ...] = ()
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """What a checkpoint (and arm feature table) is scored with, prepared once: its
+    configuration, the step resolved, and the NTK basis or the CUDA graphs, if any."""
+
+    config: RofuConfig
+    basis: NtkBasis | None = None
+    graphs: GraphedExact | None = None
+
+
+@dataclass(frozen=True)
+class SelectOutcome:
+    """The choice for one job and what it was made from."""
+
+    arm: Arm
+    propensity: float  # probabilities[arm's position]
+    model_version: int
+    policy: str
+    scores: list[ArmScore]  # per candidate, in the job's order (unscored on a cold start)
+    probabilities: list[float]  # per candidate, in the job's order; they sum to 1
+
+
+class Scorer:
+    """One ROFU call for every job of a batch (called by `DecisionBatch`, off the loop)."""
+
+    def __init__(
+        self,
+        holder: SnapshotHolder,
+        catalogue: CatalogueCache,
+        config: RofuConfig,
+        arm_feature_dim: int,
+        seed: int,
+        *,
+        cuda_graphs: bool = True,
+    ) -> None:
+        self._holder = holder
+        self._catalogue = catalogue
+        self._config = config
+        self._arm_feature_dim = arm_feature_dim
+        self._seed = seed
+        self._cuda_graphs = cuda_graphs
+        # Built once per checkpoint and arm feature table: the step it runs (a
+        # stability_cap resolved) and the NTK basis, or CUDA graphs.
+        self._cache: tuple[tuple[str, bytes] | None, _Prepared | None] = (None, None)
+
+    def __call__(self, jobs: list[SelectJob]) -> list[SelectOutcome | None]:
+        """Score and choose for every job (runs in the batcher's worker thread).
+
+        Contexts, and per-request arm features, are scored clamped into the range the
+        network was trained on (`Snapshot.bounded`, `Snapshot.bounded_features`). None for
+        a job whose candidates' scores are still not finite (a network that overflows on
+        its own data's range): it cannot be decided, and must not be logged.
+        """
+        snapshot = self._holder.current  # one snapshot for the whole batch
+        catalogue = self._catalogue.current  # at least as new as the jobs' candidates
+        n_slots = catalogue.n_slots if snapshot is None else snapshot.net.config.n_arms
+        mask = torch.zeros(len(jobs), n_slots or catalogue.n_slots, dtype=torch.bool)
+        for row, job in enumerate(jobs):
+            mask[row, [arm.slot for arm in job.candidates]] = True
+        uniforms = torch.tensor([event_uniform(self._seed, job.event_id) for job in jobs])
+        rule = self._config.rule
+        if snapshot is None:
+            decision = rofu_decide(None, mask, None, rule=rule, uniforms=uniforms)
+            return [self._outcome(job, decision, row, None, 0) for row, job in enumerate(jobs)]
+        device = next(snapshot.net.parameters()).device
+        features = None
+        if self._arm_feature_dim:
+            features = catalogue.feature_table(self._arm_feature_dim).to(device)
+        contexts = torch.tensor([job.context for job in jobs], dtype=torch.float32)
+        bounded = snapshot.bounded(contexts.to(device))  # into the range the network knows
+        pair = _per_request(jobs, features)
+        if pair is not None and features is not None:  # and into the range it knows
+            pair = snapshot.bounded_features(pair, features)
+        raw = self._scores(snapshot, bounded, mask, features, pair)
+        scores = Scores(raw.mean.cpu().double(), raw.bonus.cpu().double())
+        finite = ((torch.isfinite(scores.mean) & torch.isfinite(scores.bonus)) | ~mask).all(1)
+        explore = torch.tensor([job.explore for job in jobs])
+        decision = rofu_decide(scores, mask, None, explore=explore, rule=rule, uniforms=uniforms)
+        return [
+            self._outcome(job, decision, row, scores, snapshot.version)
+            if bool(finite[row])
+            else None
+            for row, job in enumerate(jobs)
+        ]
+
+    def _scores(
+        self,
+        snapshot: Snapshot,
+        contexts: torch.Tensor,
+        mask: torch.Tensor,
+        features: torch.Tensor | None,
+        pair_features: torch.Tensor | None,
+    ) -> Scores:
+        """Scores from the CUDA graphs when built and no job has its own arm features,
+        else from `rofu_scores` (with the checkpoint's NTK basis, when `ntk`)."""
+        graphed = None if pair_features is not None else self._graphed(snapshot, features)
+        generator = checkpoint_generator(self._seed, snapshot.version)  # used by `exact`
+        if graphed is not None:
+            try:
+                return graphed(contexts, generator, mask)
+            except RuntimeError:  # e.g. a capture the driver refuses: stay eager for it
+                log.warning("CUDA graph replay failed; scoring eagerly", exc_info=True)
+                self._drop_graphs()
+        return rofu_scores(
+            snapshot.net,
+            contexts,
+            snapshot.data,
+            self.config_for(snapshot, features),
+            generator,
+            candidates=mask,
+            arm_features=features,
+            pair_features=pair_features,
+            basis=self.basis(snapshot, features),
+        )
+
+    def _cached(self, snapshot: Snapshot, features: torch.Tensor | None) -> _Prepared:
+        """What was prepared for this checkpoint and arm feature table."""
+        table = b"" if features is None else features.cpu().numpy().tobytes()
+        key = (snapshot.checksum, table)
+        prepared = self._cache[1]
+        if self._cache[0] != key or prepared is None:
+            prepared = self._build(snapshot, features)
+            self._cache = (key, prepared)
+        return prepared
+
+    def _build(self, snapshot: Snapshot, features: torch.Tensor | None) -> _Prepared:
+        on_cuda = next(snapshot.net.parameters()).device.type == "cuda"
+        config = checkpoint_config(snapshot.net, snapshot.data, self._config, arm_features=features)
+        if config.estimator == "ntk":
+            # Minibatches from a generator seeded by the version: every replica serving a
+            # version holds the same basis.
+            generator = checkpoint_generator(self._seed, snapshot.version)
+            basis = ntk_basis(snapshot.net, snapshot.data, config, generator, arm_features=features)
+            return _Prepared(config, basis)
+        if on_cuda and self._cuda_graphs:
+            try:
+                graphs = GraphedExact(snapshot.net, snapshot.data, config, arm_features=features)
+                return _Prepared(config, graphs=graphs)
+            except ValueError:  # a setting it cannot capture (drift with l2): stay eager
+                pass
+        return _Prepared(config)
+
+    def _drop_graphs(self) -> None:
+        prepared = self._cache[1]
+        if prepared is not None:
+            self._cache = (self._cache[0], dataclasses.replace(prepared, graphs=None))
+
+    def config_for(self, snapshot: Snapshot, features: torch.Tensor | None) -> RofuConfig:
+        """The configuration this checkpoint is scored with (its step resolved once)."""
+        return self._cached(snapshot, features).config
+
+    def basis(self, snapshot: Snapshot, features: torch.Tensor | None) -> NtkBasis | None:
+        """The `ntk` estimator's basis for this checkpoint (and arm features), built once."""
+        return self._cached(snapshot, features).basis
+
+    def _graphed(self, snapshot: Snapshot, features: torch.Tensor | None) -> GraphedExact | None:
+        return self._cached(snapshot, features).graphs
+
+    def _outcome(
+        self,
+        job: SelectJob,
+        decision: Decision,
+        row: int,
+        scores: Scores | None,
+        version: int,
+    ) -> SelectOutcome:
+        """Job `row`'s choice; scores None on a cold start."""
+        by_slot = {arm.slot: arm for arm in job.candidates}
+        slots = [(arm.slot, arm.id) for arm in job.candidates]
+        assert decision.probabilities is not None  # rofu_decide computes them
+        probabilities = decision.probabilities[row].tolist()
+        return SelectOutcome(
+            arm=by_slot[int(decision.arms[row])],
+            propensity=float(decision.propensity[row]),
+            model_version=version,
+            policy=COLD_START if scores is None else ROFU,
+            scores=[ArmScore.unscored(arm) for _, arm in slots]
+            if scores is None
+            else scores.per_arm(row, slots),
+            probabilities=[probabilities[slot] for slot, _ in slots],
+        )

@@ -1,0 +1,123 @@
+"""The service's error hierarchy, and the one shape of every error body.
+
+ServiceError (500)
+├── InvalidInput (422)      bad field values the schema cannot see (e.g. context length)
+├── NotFound (404)          unknown event or arm
+├── Conflict (409)          a repeated key with different content, a full catalogue
+├── PayloadTooLarge (413)   body over max_body_bytes
+├── Unauthorized (401)      missing or wrong API key; carries WWW-Authenticate
+├── Forbidden (403)         a valid key without the needed role
+└── Unavailable (503)       a dependency (database) is down, full, read-only or timed
+    │                       out; carries Retry-After and, from the database, its cause
+    └── BatcherClosed       the process is shutting down and takes no more decisions
+
+`ServiceError.response()` is the HTTP answer: `rofu.service.api.app` returns it from one exception
+handler, and the body-limit middleware (which runs before the app) sends it itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from starlette.responses import JSONResponse
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    field: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    """The one shape of every error body."""
+    body = {"error": {"code": code, "message": message, "field": field}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+class ServiceError(Exception):
+    """Base of every error the API reports on purpose."""
+
+    status_code = 500
+    code = "internal_error"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+    def headers(self) -> dict[str, str] | None:
+        """Headers the response carries besides the body."""
+        return None
+
+    def response(self) -> JSONResponse:
+        """This error as an HTTP response."""
+        return error_response(self.status_code, self.code, self.message, self.field, self.headers())
+
+
+class InvalidInput(ServiceError):
+    """A request the schema accepted but the service cannot (422)."""
+
+    status_code = 422
+    code = "invalid_input"
+
+
+class NotFound(ServiceError):
+    """The event or arm the request names does not exist (404)."""
+
+    status_code = 404
+    code = "not_found"
+
+
+class Conflict(ServiceError):
+    """The request contradicts stored state (409)."""
+
+    status_code = 409
+    code = "conflict"
+
+
+class PayloadTooLarge(ServiceError):
+    """The body exceeds the configured limit (413)."""
+
+    status_code = 413
+    code = "payload_too_large"
+
+
+class Unauthorized(ServiceError):
+    """No API key, or an unknown one (401)."""
+
+    status_code = 401
+    code = "unauthorized"
+
+    def headers(self) -> dict[str, str] | None:
+        """The scheme the client should authenticate with."""
+        return {"WWW-Authenticate": "Bearer"}
+
+
+class Forbidden(ServiceError):
+    """The key is valid but lacks the role (403)."""
+
+    status_code = 403
+    code = "forbidden"
+
+
+class Unavailable(ServiceError):
+    """A dependency is down; the client should retry after `retry_after` seconds (503)."""
+
+    status_code = 503
+    code = "unavailable"
+
+    def __init__(self, message: str, *, retry_after: int = 2, cause: str | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.cause = cause  # a database failure's cause (rofu.service.db.faults), for the log
+
+    def headers(self) -> dict[str, str] | None:
+        """When the client should retry."""
+        return {"Retry-After": str(self.retry_after)}
+
+
+class BatcherClosed(Unavailable):
+    """The micro-batcher takes no more items: the process is shutting down (503)."""
+
+    def __init__(self, message: str = "the service is shutting down") -> None:
+        super().__init__(message, retry_after=1)

@@ -1,0 +1,1 @@
+"""The model's lifecycle: the trainer, checkpoints stored and published, followed and pinned."""

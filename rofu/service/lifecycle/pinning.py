@@ -1,0 +1,53 @@
+"""Rollback: pin the served model to a stored checkpoint, and unpin it.
+
+The pin lives in the database (durable, shared by every replica); a bus notice makes
+replicas apply it at once, and their periodic sync applies it anyway.
+"""
+
+from __future__ import annotations
+
+from rofu.models import CheckpointError, RewardNetConfig
+from rofu.service.db import repository
+from rofu.service.db.engine import SessionFactory
+from rofu.service.deciding.snapshot import load_served
+from rofu.service.errors import Conflict, NotFound
+from rofu.service.lifecycle.checkpoint_store import CheckpointStore
+from rofu.service.lifecycle.redis_bus import PIN_NOTICE, RedisBus
+
+
+def pin(
+    sessions: SessionFactory,
+    store: CheckpointStore,
+    expect: RewardNetConfig,
+    version: int,
+    bus: RedisBus | None = None,
+    *,
+    hash_seed: int,
+) -> None:
+    """Serve checkpoint `version` on every replica until `unpin`.
+
+    Raises:
+        NotFound: no stored checkpoint has that version.
+        Conflict: the stored checkpoint is quarantined, cannot be read or fails
+            verification, of another network or feature hash seed (it would be refused).
+    """
+    try:
+        stored = store.get(version)  # damaged bytes are quarantined here
+    except CheckpointError as exc:
+        raise Conflict(f"checkpoint {version} cannot be pinned: {exc}", field="version") from exc
+    if stored is None:
+        raise NotFound(f"no checkpoint with version {version}", field="version")
+    try:
+        load_served(stored[1], expect, hash_seed=hash_seed)
+    except CheckpointError as exc:
+        raise Conflict(f"checkpoint {version} fails verification: {exc}", field="version") from exc
+    repository.set_pin(sessions, version)
+    if bus is not None:
+        bus.notify(PIN_NOTICE)
+
+
+def unpin(sessions: SessionFactory, bus: RedisBus | None = None) -> None:
+    """Serve the newest checkpoint again."""
+    repository.set_pin(sessions, None)
+    if bus is not None:
+        bus.notify(PIN_NOTICE)

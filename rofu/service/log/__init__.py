@@ -1,0 +1,1 @@
+"""The decision log: its records read in pages, and its exports (DSJSON, OBP, Parquet)."""

@@ -1,0 +1,1 @@
+"""Rewards: storing them durably, deferred activation, and the business metrics they feed."""

@@ -1,0 +1,385 @@
+"""One settings object, read from `ROFU_*` environment variables and an optional TOML file.
+
+Precedence: constructor arguments > environment > the TOML file named by `ROFU_CONFIG_FILE`
+> defaults. The defaults are the embedded demo: SQLite file, in-process bus and trainer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from rofu.models import FitConfig, RewardNetConfig, RofuConfig
+from rofu.models.presets import PRESETS, PRODUCT, RofuPreset, get_preset
+
+ARM_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$"
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class ArmSpec(BaseModel):
+    """An arm of the catalogue: its id and, for an arm-feature network, its features."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: Annotated[str, Field(pattern=ARM_ID_PATTERN)]
+    features: list[FiniteFloat] | None = None
+
+
+def _demo_arms() -> list[ArmSpec]:
+    return [ArmSpec(id=f"arm-{i}") for i in range(4)]
+
+
+class Settings(BaseSettings):
+    """Every setting of the service, the trainer and the CLI."""
+
+    model_config = SettingsConfigDict(env_prefix="ROFU_", extra="forbid", frozen=True)
+
+    mode: Literal["embedded", "production"] = "embedded"
+    database_url: str = "sqlite:///var/rofu.sqlite"
+    redis_url: str | None = None
+    redis_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:\-]{1,64}$")] = "rofu"
+    checkpoint_dir: Path | None = None
+    data_dir: Path | None = None
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=1, le=65535)] = 8000
+
+    # The decision problem and the reward network.
+    context_dim: Annotated[int, Field(ge=1, le=100_000)] = 8
+    arms: list[ArmSpec] = Field(default_factory=_demo_arms)
+    arm_feature_dim: Annotated[int, Field(ge=0)] = 0
+    max_arms: Annotated[int, Field(ge=1, le=100_000)] = 64
+    # Named features (rofu.service.deciding.features) are hashed into context_dim (and per-request
+    # arm features into arm_feature_dim) by MurmurHash3 seeded with this. Checkpoints
+    # record it; a replica refuses one trained with another seed.
+    feature_hash_seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 0
+    # ROFU's preset (rofu.models.presets): the network, estimator and learner settings below
+    # default to it; one set explicitly overrides it. `product` is what the replay validated.
+    preset: str = PRODUCT.name
+    hidden: tuple[int, ...] = PRODUCT.hidden
+    activation: Literal["relu", "tanh", "gelu", "elu", "sigmoid", "identity"] = "relu"
+    init_scale: Annotated[float, Field(ge=0, allow_inf_nan=False)] = PRODUCT.init_scale
+    seed: Annotated[int, Field(ge=0)] = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # torch's intra-op threads per process (API and trainer); 0: torch's default.
+    torch_threads: Annotated[int, Field(ge=0, le=1024)] = 0
+
+    # ROFU (see rofu.models.rofu.RofuConfig).
+    steps: Annotated[int, Field(ge=0, le=1000)] = PRODUCT.rofu.steps
+    step_size: Annotated[float, Field(gt=0, allow_inf_nan=False)] = PRODUCT.rofu.step_size
+    step_decay: Annotated[float, Field(gt=0, le=1)] = PRODUCT.rofu.step_decay
+    eta: Annotated[float, Field(gt=0, allow_inf_nan=False)] = PRODUCT.rofu.eta
+    regulariser: Literal["dataset", "arm_count"] = "arm_count"
+    l2: Annotated[float, Field(ge=0, allow_inf_nan=False)] = PRODUCT.rofu.l2
+    minibatch_size: Annotated[int, Field(ge=1)] | None = PRODUCT.rofu.minibatch_size
+    bonus_scale: Annotated[float, Field(ge=0, allow_inf_nan=False)] = PRODUCT.rofu.bonus_scale
+    baseline: Literal["start", "drift"] = "drift"
+    estimator: Literal["exact", "ntk"] = "ntk"
+    # The selection rule (rofu.models.selection): argmax of the UCBs (ties uniform) or
+    # inverse-gap weighting over them (igw_gamma: an arm gap below the best UCB gets
+    # 1 / (K + gamma gap)), mixed with a uniform choice of weight exploration_floor.
+    # Every response and decision row carries the exact probabilities.
+    selection: Literal["argmax", "igw"] = "argmax"
+    exploration_floor: Annotated[float, Field(ge=0, le=1)] = PRODUCT.rofu.exploration_floor
+    igw_gamma: Annotated[float, Field(ge=0, allow_inf_nan=False)] = PRODUCT.rofu.igw_gamma
+    # The largest rho = step x the regulariser's curvature the ascent may run at; the step
+    # is cut per checkpoint to keep within it (rofu.models.rofu_stability). None: a fixed step.
+    stability_cap: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = (
+        PRODUCT.rofu.stability_cap
+    )
+    # With `exact` on a CUDA device: replay the estimator from CUDA graphs captured per
+    # batch-size bucket (rofu.models.rofu_graphs); false: launch its kernels one by one.
+    cuda_graphs: bool = True
+
+    # API keys (Authorization: Bearer <key>). Client keys: /select, /reward and reads;
+    # admin keys: catalogue changes and /admin. Files hold one key per line.
+    api_keys: list[SecretStr] = Field(default_factory=list)
+    api_keys_file: Path | None = None
+    admin_api_keys: list[SecretStr] = Field(default_factory=list)
+    admin_api_keys_file: Path | None = None
+
+    # Input bounds: larger magnitudes are refused (422) so that no value can push the
+    # network's training out of floating-point range. Scale features to match.
+    max_abs_feature: Annotated[float, Field(gt=0, le=1e30, allow_inf_nan=False)] = 1e6
+    max_abs_reward: Annotated[float, Field(gt=0, le=1e30, allow_inf_nan=False)] = 1e6
+
+    # Micro-batching and request limits.
+    batch_max_size: Annotated[int, Field(ge=1, le=4096)] = 64
+    batch_max_wait_ms: Annotated[float, Field(ge=0, le=1000)] = 2.0
+    max_body_bytes: Annotated[int, Field(ge=256)] = 256 * 1024
+
+    # The API's documentation: `open` serves /docs, /redoc and /openapi.json to anyone;
+    # `key`: /openapi.json needs a client API key and the browser pages are off (a browser
+    # cannot send the key); `off`: none of them. `auto`: open in embedded mode, key in
+    # production.
+    docs: Literal["auto", "open", "key", "off"] = "auto"
+
+    # Bounded waits on the database (rofu.service.db.engine.DatabaseLimits): past any of them
+    # a request gets a 503 with Retry-After. The readiness probe (a read, and a write that
+    # is rolled back) answers within readyz_timeout_seconds.
+    db_pool_timeout_seconds: Annotated[float, Field(gt=0, le=600)] = 5.0
+    db_connect_timeout_seconds: Annotated[int, Field(ge=1, le=600)] = 5
+    db_statement_timeout_ms: Annotated[int, Field(ge=1, le=3_600_000)] = 5_000
+    db_lock_timeout_ms: Annotated[int, Field(ge=1, le=3_600_000)] = 2_000
+    sqlite_busy_timeout_ms: Annotated[int, Field(ge=1, le=3_600_000)] = 5_000
+    readyz_timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 2.0
+    # The longest a /select or /reward waits for its database work, whatever the server
+    # does (a frozen one enforces none of the timeouts above): then a 503. The work may
+    # still finish; a retry with the same event_id then finds it, never a second copy.
+    request_deadline_seconds: Annotated[float, Field(gt=0, le=600)] = 15.0
+
+    # online: serve rofu's choice (a request's baseline_arm is only recorded); apprentice:
+    # serve the app's baseline_arm, log rofu's choice beside it, learn from the baseline's
+    # rewards (rofu.service.deciding.apprentice).
+    learning_mode: Literal["online", "apprentice"] = "online"
+
+    # The trainer.
+    embedded_trainer: bool = True
+    train_every_rewards: Annotated[int, Field(ge=1)] = 50
+    train_interval_seconds: Annotated[float, Field(gt=0)] = 30.0
+    reward_window_seconds: Annotated[float, Field(ge=0)] = 60.0
+    default_reward: FiniteFloat | None = None
+    data_sample_size: Annotated[int, Field(ge=1)] = 20_000
+    # Each run trains fit_steps_per_row optimizer steps per new row (the preset's rate:
+    # its refit's steps over its rows between refits), at most fit_max_steps; fit_steps
+    # set: exactly that many per run. fit_persist: one optimizer carried across the runs
+    # of a trainer process, while it continues from its own last checkpoint.
+    fit_steps: Annotated[int, Field(ge=0)] | None = None
+    fit_steps_per_row: Annotated[float, Field(ge=0, allow_inf_nan=False)] = (
+        PRODUCT.fit_steps_per_row
+    )
+    fit_max_steps: Annotated[int, Field(ge=0)] = 2000
+    fit_batch_size: Annotated[int, Field(ge=1)] = PRODUCT.schedule.fit.batch_size
+    fit_optimizer: Literal["sgd", "adam", "rmsprop"] = "adam"
+    fit_lr: Annotated[float, Field(gt=0, allow_inf_nan=False)] = PRODUCT.schedule.fit.lr
+    fit_weight_decay: Annotated[float, Field(ge=0, allow_inf_nan=False)] = (
+        PRODUCT.schedule.fit.weight_decay
+    )
+    fit_persist: bool = PRODUCT.schedule.persist
+
+    trainer_metrics_port: Annotated[int, Field(ge=0, le=65535)] = 9101  # 0: no endpoint
+    startup_timeout_seconds: Annotated[float, Field(gt=0)] = 120.0
+
+    # Replicas following the checkpoint bus.
+    checkpoint_poll_seconds: Annotated[float, Field(gt=0)] = 5.0
+    arm_refresh_seconds: Annotated[float, Field(gt=0)] = 5.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset_defaults(cls, data: Any) -> Any:
+        """Fill the settings not given explicitly from the named preset."""
+        if not isinstance(data, dict):
+            return data
+        name = data.get("preset", PRODUCT.name)
+        if name not in PRESETS:
+            raise ValueError(f"preset: unknown preset {name!r}; known: {', '.join(PRESETS)}")
+        return {**preset_settings(get_preset(name)), **data}
+
+    @field_validator("hidden")
+    @classmethod
+    def _positive_widths(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if any(width < 1 for width in value):
+            raise ValueError("every hidden width must be >= 1")
+        return value
+
+    @field_validator("stability_cap", mode="before")
+    @classmethod
+    def _cap_off(cls, value: object) -> object:
+        """`none` (or `off`) lifts a preset's cap: the fixed step."""
+        if isinstance(value, str) and value.strip().lower() in ("none", "off"):
+            return None
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _supported_database(cls, value: str) -> str:
+        if not re.match(r"^(sqlite|postgresql(\+psycopg)?)://", value):
+            raise ValueError("database_url must start with sqlite:// or postgresql://")
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^rediss?://", value):
+            raise ValueError("redis_url must start with redis:// or rediss://")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        ids = [arm.id for arm in self.arms]
+        if len(set(ids)) != len(ids):
+            raise ValueError("arms: arm ids must be unique")
+        if len(ids) > self.max_arms:
+            raise ValueError(f"arms: {len(ids)} arms exceed max_arms={self.max_arms}")
+        for arm in self.arms:
+            width = len(arm.features) if arm.features is not None else 0
+            if width != self.arm_feature_dim:
+                raise ValueError(
+                    f"arms: arm {arm.id!r} has {width} features, arm_feature_dim is "
+                    f"{self.arm_feature_dim}"
+                )
+        if self.mode == "production":
+            if self.database_url.startswith("sqlite"):
+                raise ValueError("production mode needs a Postgres database_url, not SQLite")
+            if self.redis_url is None:
+                raise ValueError("production mode needs redis_url (the checkpoint bus)")
+        return self
+
+    @property
+    def docs_access(self) -> Literal["open", "key", "off"]:
+        """Who may read the API's documentation (`docs`, with `auto` resolved)."""
+        if self.docs == "auto":
+            return "key" if self.mode == "production" else "open"
+        return self.docs
+
+    @model_validator(mode="after")
+    def _lock_within_statement(self) -> Settings:
+        if self.db_lock_timeout_ms > self.db_statement_timeout_ms:
+            raise ValueError(
+                f"db_lock_timeout_ms ({self.db_lock_timeout_ms}) exceeds "
+                f"db_statement_timeout_ms ({self.db_statement_timeout_ms}): the statement "
+                "would be cancelled before its lock wait ends"
+            )
+        return self
+
+    @property
+    def is_sqlite(self) -> bool:
+        """Whether the database is the embedded SQLite file."""
+        return self.database_url.startswith("sqlite")
+
+    @property
+    def in_process_trainer(self) -> bool:
+        """Whether each API process runs its own trainer (embedded, no Redis bus)."""
+        return self.embedded_trainer and self.redis_url is None
+
+    def net_config(self) -> RewardNetConfig:
+        """The reward network every replica and the trainer build."""
+        per_arm = self.arm_feature_dim == 0
+        return RewardNetConfig(
+            context_dim=self.context_dim,
+            n_arms=self.max_arms if per_arm else 0,
+            hidden=self.hidden,
+            activation=self.activation,
+            arm_feature_dim=self.arm_feature_dim,
+            init_scale=self.init_scale,
+            seed=self.seed,
+        )
+
+    def rofu_config(self) -> RofuConfig:
+        """The ROFU estimator's hyper-parameters."""
+        return dataclasses.replace(
+            get_preset(self.preset).rofu,
+            steps=self.steps,
+            step_size=self.step_size,
+            step_decay=self.step_decay,
+            eta=self.eta,
+            regulariser=self.regulariser,
+            l2=self.l2,
+            minibatch_size=self.minibatch_size,
+            bonus_scale=self.bonus_scale,
+            baseline=self.baseline,
+            estimator=self.estimator,
+            selection=self.selection,
+            exploration_floor=self.exploration_floor,
+            igw_gamma=self.igw_gamma,
+            stability_cap=self.stability_cap,
+        )
+
+    def fit_config(self, new_rows: int = 0) -> FitConfig:
+        """How a trainer run that adds `new_rows` rows refits theta_t from theta_{t-1}."""
+        steps = self.fit_steps
+        if steps is None:
+            steps = min(self.fit_max_steps, math.ceil(self.fit_steps_per_row * new_rows))
+        return dataclasses.replace(
+            get_preset(self.preset).schedule.fit,
+            steps=steps,
+            batch_size=self.fit_batch_size,
+            optimizer=self.fit_optimizer,
+            lr=self.fit_lr,
+            weight_decay=self.fit_weight_decay,
+        )
+
+    def model_config_record(self) -> dict[str, Any]:
+        """The configuration a checkpoint records: the preset and what was served of it."""
+        return {
+            "preset": self.preset,
+            "net": dataclasses.asdict(self.net_config()),
+            "rofu": dataclasses.asdict(self.rofu_config()),
+            "fit": dataclasses.asdict(self.fit_config()) | {"steps": self.fit_steps},
+            "fit_steps_per_row": self.fit_steps_per_row,
+            "fit_max_steps": self.fit_max_steps,
+            "fit_persist": self.fit_persist,
+            "feature_hash_seed": self.feature_hash_seed,
+        }
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Add the TOML file named by ROFU_CONFIG_FILE below the environment."""
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = os.environ.get("ROFU_CONFIG_FILE")
+        if config_file:
+            path = Path(config_file)
+            if not path.is_file():
+                raise ValueError(f"ROFU_CONFIG_FILE={config_file} is not a readable file")
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        return tuple(sources)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, read once."""
+    return Settings()
+
+
+def preset_settings(preset: RofuPreset) -> dict[str, Any]:
+    """The settings a preset gives (those not set explicitly take these)."""
+    rofu, fit = preset.rofu, preset.schedule.fit
+    return {
+        "hidden": preset.hidden,
+        "activation": preset.activation,
+        "init_scale": preset.init_scale,
+        **{
+            name: getattr(rofu, name)
+            for name in (
+                "steps",
+                "step_size",
+                "step_decay",
+                "eta",
+                "regulariser",
+                "l2",
+                "minibatch_size",
+                "bonus_scale",
+                "baseline",
+                "estimator",
+                "selection",
+                "exploration_floor",
+                "igw_gamma",
+                "stability_cap",
+            )
+        },
+        "fit_steps_per_row": preset.fit_steps_per_row,
+        "fit_batch_size": fit.batch_size,
+        "fit_optimizer": fit.optimizer,
+        "fit_lr": fit.lr,
+        "fit_weight_decay": fit.weight_decay,
+        "fit_persist": preset.schedule.persist,
+    }
