@@ -1,0 +1,115 @@
+"""Closed-form NTK-ROFU's promises: LinUCB for a linear model, the limit of the linearised
+ascent on an MLP, and a bonus that is never negative, shrinks with data and knows contexts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rofu.models import RegulariserData, RofuConfig, Transitions, rofu_scores
+from rofu.models.policies import LinUCB
+from rofu.models.rofu_closed import closed_gains, prepare_closed, span_share
+from rofu.models.rofu_config import regulariser_weights
+from rofu.models.rofu_ntk import features
+from tests.factories import make_data, make_net
+
+
+def _closed(net, contexts, data, config):
+    """(B, A) mean and bonus of every arm from the closed form."""
+    theta = dict(net.named_parameters())
+    basis = prepare_closed(net, theta, data, config, None)
+    n_contexts, n_arms = contexts.shape[0], net.config.n_arms
+    owner = torch.arange(n_contexts).repeat_interleave(n_arms)
+    arms = torch.arange(n_arms).repeat(n_contexts)
+    query = features(net, theta, contexts, arms, None, owner)
+    f0, gain = closed_gains(basis, query, regulariser_weights(data, arms, config), config)
+    bonus = config.bonus_scale * gain.clamp_min(0).sqrt()
+    return f0.detach().view(n_contexts, n_arms), bonus.detach().view(n_contexts, n_arms)
+
+
+def _contexts(n, dim, seed=1):
+    return torch.randn(n, dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def test_rofu_closed_is_linucb_for_a_linear_model():
+    n_arms, dim = 3, 4
+    data = make_data(60, dim, n_arms, seed=2)
+    net = make_net(dim, n_arms, hidden=(), bias=False)
+    linucb = LinUCB(dim, n_arms, alpha=1.0, ridge=1.0)
+    linucb.update(data.sample)
+    with torch.no_grad():
+        net.layers[0].weight.copy_(torch.randn(n_arms, dim, dtype=torch.float64))
+    contexts = _contexts(5, dim)
+    _, bonus = _closed(net, contexts, data, RofuConfig(eta=0.5, l2=1.0, minibatch_size=None))
+    torch.testing.assert_close(bonus, linucb.scores(contexts).bonus, rtol=1e-9, atol=1e-12)
+
+
+def test_rofu_closed_is_the_limit_of_the_linearised_ascent_on_an_mlp():
+    net = make_net(hidden=(16, 16))
+    data = make_data(120, 6, 4)
+    theta = dict(net.named_parameters())
+    rows = features(net, theta, data.sample.x, data.sample.arms, None)
+    curvature = float(torch.linalg.eigvalsh(rows.kernel(rows).detach()).max()) / len(data.sample)
+    l2 = 0.1 * curvature * data.n_total  # lambda' = l2 / |D| a tenth of J^T J / m's top
+    steps = RofuConfig(
+        estimator="ntk",
+        baseline="drift",
+        minibatch_size=None,
+        l2=l2,
+        steps=600,
+        step_size=0.9 / (curvature + l2 / data.n_total),
+    )
+    contexts = _contexts(3, 6)
+    ascent = rofu_scores(net, contexts, data, steps, torch.Generator())
+    mean, bonus = _closed(net, contexts, data, RofuConfig(l2=l2))
+    assert float(bonus.min()) > 1e-3, "the case must exercise a non-zero bonus"
+    torch.testing.assert_close(mean, ascent.mean, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(bonus, ascent.bonus, rtol=1e-8, atol=1e-12)
+
+
+def test_rofu_closed_bonus_is_never_negative_and_shrinks_as_data_grows():
+    net = make_net(hidden=(8,))
+    contexts = _contexts(4, 6, seed=3)
+    config = RofuConfig(l2=1.0)
+    everything = make_data(640, 6, 4, seed=5).sample
+    previous = None
+    for n in (10, 40, 160, 640):
+        sample = everything.subset(torch.arange(n))
+        data = RegulariserData(sample, n, torch.bincount(sample.arms, minlength=4))
+        _, bonus = _closed(net, contexts, data, config)
+        assert bool((bonus >= 0).all())
+        if previous is not None:
+            assert bool((bonus < previous).all()), (n, bonus, previous)
+        previous = bonus
+
+
+def test_rofu_closed_bonus_is_larger_for_a_context_unlike_the_arms_data():
+    gen = torch.Generator().manual_seed(7)
+    centre = torch.tensor([2.0, -1.0, 0.5, 0.0, 1.0, -2.0], dtype=torch.float64)
+    x = centre + 0.1 * torch.randn(200, 6, generator=gen, dtype=torch.float64)
+    arms = torch.zeros(200, dtype=torch.long)
+    rewards = torch.randn(200, generator=gen, dtype=torch.float64)
+    data = RegulariserData(Transitions(x, arms, rewards), 200, torch.tensor([200, 0]))
+    net = make_net(hidden=(16,), n_arms=2)
+    like, unlike = centre[None], -centre[None]
+    _, near = _closed(net, like, data, RofuConfig(l2=1.0, regulariser="arm_count"))
+    _, far = _closed(net, unlike, data, RofuConfig(l2=1.0, regulariser="arm_count"))
+    assert float(far[0, 0]) > 2.0 * float(near[0, 0])
+
+
+def test_rofu_closed_needs_a_positive_l2():
+    net = make_net(hidden=(4,))
+    data = make_data(20, 6, 4)
+    with pytest.raises(ValueError, match="l2 must be > 0"):
+        prepare_closed(net, dict(net.named_parameters()), data, RofuConfig(l2=0.0), None)
+
+
+def test_rofu_closed_span_share_is_one_for_a_sample_row_and_less_outside():
+    net = make_net(hidden=(32, 32))  # P far above the 30 rows
+    data = make_data(30, 6, 4, seed=9)
+    theta = dict(net.named_parameters())
+    basis = prepare_closed(net, theta, data, RofuConfig(l2=1.0), None)
+    own = features(net, theta, data.sample.x[:3], data.sample.arms[:3], None)
+    fresh = features(net, theta, _contexts(3, 6, seed=11), torch.tensor([0, 1, 2]), None)
+    torch.testing.assert_close(span_share(basis, own), torch.ones(3, dtype=torch.float64))
+    assert bool((span_share(basis, fresh) < 0.9).all())
