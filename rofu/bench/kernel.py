@@ -9,11 +9,14 @@ minibatch 256, |D| = 20 000) it times, for 1 and for 32 concurrent contexts:
   `rofu_reference_chunked`: the same with today's default chunks (`rofu.models.rofu.chunk_pairs`);
 - `rofu_exact`: the hand-written batched exact kernel (`rofu.models.rofu_exact`), default
   chunks; `rofu_exact_chunk256`: the same kernel 256 pairs a chunk (what the chunks buy);
-- `rofu_ntk`: NTK-ROFU from a prepared basis (`rofu.models.rofu_ntk`; the basis itself, built
-  once per checkpoint, is timed as `ntk_prepare`);
+- `rofu_ntk`: NTK-ROFU from a prepared basis (`rofu.models.rofu_ntk`; the checkpoint's
+  preparation, `rofu.models.prepared.prepare`, is timed as `ntk_prepare`);
 - `rofu_exact_graphs` (CUDA only): the exact kernel replayed from the CUDA graph of its
   batch bucket (`rofu.models.rofu_graphs`), as the service scores on a GPU; captured during the
   warm-up;
+
+every ROFU contender but `naive` is scored as the service scores, from a checkpoint prepared
+once (`rofu.models.prepared`: `prepare`, then `score`);
 - `neuralucb_diag` and `greedy` scoring on the same network;
 
 plus a plain fp32 matrix product for the machine's rate. Repetitions are interleaved
@@ -51,8 +54,8 @@ from rofu.models import (
     fit,
 )
 from rofu.models.policies import NeuralUCB, NeuralUCBParams
-from rofu.models.rofu import ntk_basis, rofu_scores
-from rofu.models.rofu_graphs import GraphedExact
+from rofu.models.prepared import PreparedModel, prepare, score
+from rofu.models.rofu import rofu_scores
 from rofu.models.rofu_naive import rofu_scores_naive
 
 CONTENDERS = (
@@ -168,7 +171,11 @@ def contenders(setup: Setup, contexts: torch.Tensor) -> dict[str, Callable[[], o
     ntk = dataclasses.replace(config, estimator="ntk")
     # The reference as it ran when the engine issue was filed: 256 pairs at a time.
     fixed = dataclasses.replace(config, chunk_size=256)
-    basis = ntk_basis(net, data, ntk, torch.Generator().manual_seed(2))
+
+    def prepared(cfg: RofuConfig, *, cuda_graphs: bool = False) -> PreparedModel:
+        """`cfg` prepared as the service prepares a checkpoint (`rofu.models.prepared`)."""
+        gen = torch.Generator().manual_seed(2)
+        return prepare(net, data, cfg, gen, cuda_graphs=cuda_graphs)
 
     def greedy() -> object:
         with torch.no_grad():
@@ -179,12 +186,11 @@ def contenders(setup: Setup, contexts: torch.Tensor) -> dict[str, Callable[[], o
         return (setup.neural_ucb.predict(contexts) + bonus).argmax(dim=1).cpu()
 
     def rofu(
-        kernel: Literal["fast", "functional"], cfg: RofuConfig = config, **kwargs: Any
+        kernel: Literal["fast", "functional"], cfg: RofuConfig = config
     ) -> Callable[[], object]:
+        model = prepared(cfg)
         return lambda: (
-            rofu_scores(
-                net, contexts, data, cfg, torch.Generator().manual_seed(2), kernel=kernel, **kwargs
-            )
+            score(model, contexts, torch.Generator().manual_seed(2), kernel=kernel)
             .ucb.argmax(dim=1)
             .cpu()
         )
@@ -197,15 +203,16 @@ def contenders(setup: Setup, contexts: torch.Tensor) -> dict[str, Callable[[], o
         "rofu_reference_chunked": rofu("functional"),
         "rofu_exact": rofu("fast"),
         "rofu_exact_chunk256": rofu("fast", fixed),
-        "rofu_ntk": rofu("fast", ntk, basis=basis),
-        "ntk_prepare": lambda: ntk_basis(net, data, ntk, torch.Generator().manual_seed(2)),
+        "rofu_ntk": rofu("fast", ntk),
+        "ntk_prepare": lambda: prepared(ntk),
         "neuralucb_diag": neural_ucb_diag,
         "greedy": greedy,
     }
     if contexts.is_cuda:
-        graphed = GraphedExact(net, data, config)
+        graphed = prepared(config, cuda_graphs=True)
+        assert graphed.graphs is not None  # exact, start baseline: capturable
         fns["rofu_exact_graphs"] = lambda: (
-            graphed(contexts, torch.Generator().manual_seed(2)).ucb.argmax(dim=1).cpu()
+            score(graphed, contexts, torch.Generator().manual_seed(2)).ucb.argmax(dim=1).cpu()
         )
     return fns
 

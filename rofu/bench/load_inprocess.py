@@ -1,20 +1,31 @@
-"""The load benchmark's in-process side: the reference checkpoint it serves, `rofu_scores`
-timed in-process on that checkpoint, and the audit of acknowledged rewards afterwards."""
+"""The load benchmark's in-process side: the reference checkpoint it serves, the served
+scoring path (`rofu.models.prepared`) timed in-process on that checkpoint, and the audit of
+acknowledged rewards afterwards."""
 
 from __future__ import annotations
 
 import math
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 from sqlalchemy import text
 
-from rofu.models import Checkpoint, RegulariserData, RewardNet, Transitions, dump_checkpoint, fit
-from rofu.models.rofu import ntk_basis, rofu_scores
+from rofu.models import (
+    Checkpoint,
+    RegulariserData,
+    RewardNet,
+    Scores,
+    Transitions,
+    dump_checkpoint,
+    fit,
+)
+from rofu.models.prepared import score
 from rofu.service import migrate
 from rofu.service.db import repository
 from rofu.service.db.engine import make_engine, session_factory
+from rofu.service.deciding.scoring import checkpoint_generator, prepare_served
 from rofu.service.deciding.snapshot import Snapshot
 from rofu.service.lifecycle.checkpoint_store import CheckpointStore
 from rofu.service.runtime import resolve_device
@@ -55,37 +66,40 @@ def seed_checkpoint(settings: Settings, n_data: int, seed: int) -> tuple[int, by
     return version, blob
 
 
-def inprocess_seconds(
-    settings: Settings, blob: bytes, batches: list[int], repeats: int
-) -> dict[int, float]:
-    """Median seconds of one `rofu_scores` call per batch size, repetitions interleaved."""
+def served_scorer(settings: Settings, blob: bytes) -> Callable[[torch.Tensor], Scores]:
+    """What a replica scores a batch of (B, D) contexts with, every arm a candidate: the
+    checkpoint loaded (`Snapshot.from_blob`) and prepared once (`prepare_served`), then one
+    `score` call with the version's generator, as `rofu.service.deciding.scoring` does."""
     device = resolve_device(settings.device)
-    # as the server loads it
     snapshot = Snapshot.from_blob(
         blob, settings.net_config(), device, hash_seed=settings.feature_hash_seed
     )
-    config, generator = settings.rofu_config(), torch.Generator().manual_seed(settings.seed)
-    basis = None  # as the server does: the ntk basis is built once per checkpoint
-    if config.estimator == "ntk":
-        basis = ntk_basis(snapshot.net, snapshot.data, config, torch.Generator().manual_seed(0))
+    prepared = prepare_served(
+        snapshot, settings.rofu_config(), settings.seed, cuda_graphs=settings.cuda_graphs
+    )
+
+    def scores(contexts: torch.Tensor) -> Scores:
+        mask = torch.ones(contexts.shape[0], settings.max_arms, dtype=torch.bool)
+        generator = checkpoint_generator(settings.seed, snapshot.version)
+        return score(prepared, contexts.to(device), generator, candidates=mask)
+
+    return scores
+
+
+def inprocess_seconds(
+    settings: Settings, blob: bytes, batches: list[int], repeats: int
+) -> dict[int, float]:
+    """Median seconds of one served scoring call (`served_scorer`) per batch size,
+    repetitions interleaved; the checkpoint is prepared once, outside the timing."""
+    scorer = served_scorer(settings, blob)
     contexts = {
         b: torch.randn(b, settings.context_dim, generator=torch.Generator().manual_seed(b))
         for b in batches
     }
 
     def once(b: int) -> float:
-        mask = torch.ones(b, settings.max_arms, dtype=torch.bool)
         start = time.perf_counter()
-        scores = rofu_scores(
-            snapshot.net,
-            contexts[b].to(device),
-            snapshot.data,
-            config,
-            generator,
-            candidates=mask,
-            basis=basis,
-        )
-        scores.ucb.cpu()
+        scorer(contexts[b]).ucb.cpu()
         return time.perf_counter() - start
 
     samples: dict[int, list[float]] = {b: [] for b in batches}

@@ -15,13 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rofu.models import rofu_scores
 from rofu.models.checkpoint import CheckpointError
-from rofu.models.rofu import checkpoint_config, ntk_basis
+from rofu.models.prepared import score
 from rofu.service.db.engine import SessionFactory
 from rofu.service.deciding.apprentice import APPRENTICE
 from rofu.service.deciding.catalogue import Catalogue, CatalogueCache
-from rofu.service.deciding.scoring import checkpoint_generator
+from rofu.service.deciding.scoring import checkpoint_generator, prepare_served
 from rofu.service.deciding.snapshot import Snapshot
 from rofu.service.lifecycle.checkpoint_store import CheckpointStore
 from rofu.service.log.pages import EVERYTHING, LoggedDecision, Window, iter_decisions
@@ -190,15 +189,11 @@ def checkpoint_scores(
     features = None
     if settings.arm_feature_dim:
         features = log.catalogue.feature_table(settings.arm_feature_dim)
-    # the step the service resolved for this checkpoint (rofu.service.deciding.scoring)
-    config = checkpoint_config(
-        snapshot.net, snapshot.data, settings.rofu_config(), arm_features=features
+    # prepared as the service prepares it (the step resolved, the NTK basis)
+    prepared = prepare_served(
+        snapshot, settings.rofu_config(), settings.seed, arm_features=features
     )
     width = snapshot.net.config.n_arms or log.n_slots
-    basis = None
-    if config.estimator == "ntk":
-        generator = checkpoint_generator(settings.seed, snapshot.version)
-        basis = ntk_basis(snapshot.net, snapshot.data, config, generator, arm_features=features)
     mean, bonus = np.full((2, len(log), log.n_slots), np.nan)
     for start in range(0, len(log), chunk):
         rows = slice(start, start + chunk)
@@ -208,16 +203,12 @@ def checkpoint_scores(
         pair = _own_features(log, rows, features)
         if pair is not None and features is not None:  # clamped as /v1/select clamps them
             pair = snapshot.bounded_features(pair, features)
-        scores = rofu_scores(
-            snapshot.net,
+        scores = score(
+            prepared,
             contexts,
-            snapshot.data,
-            config,
             checkpoint_generator(settings.seed, snapshot.version),  # as each /select call
             candidates=mask,
-            arm_features=features,
             pair_features=pair,
-            basis=basis,
         )
         mean[rows] = scores.mean.detach().double().numpy()[:, : log.n_slots]
         bonus[rows] = scores.bonus.detach().double().numpy()[:, : log.n_slots]

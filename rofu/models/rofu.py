@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from rofu.models.data import RegulariserData
-from rofu.models.networks import RewardNet
+from rofu.models.estimators import CHUNK_BYTES, MAX_CHUNK, Pairs, chunk_pairs, get_estimator
 from rofu.models.reward_model import RewardModel, evaluating
 from rofu.models.rofu_config import (
     BASELINES,
@@ -45,9 +45,7 @@ from rofu.models.rofu_config import (
     minibatch_indices,
     regulariser_weights,
 )
-from rofu.models.rofu_exact import ExactAscent
-from rofu.models.rofu_functional import FunctionalAscent
-from rofu.models.rofu_ntk import NtkBasis, features, ntk_gains, prepare_ntk
+from rofu.models.rofu_ntk import NtkBasis, prepare_ntk
 from rofu.models.rofu_stability import ascent_stiffness, resolve_step
 from rofu.models.scores import Scores
 from rofu.models.validation import (
@@ -76,11 +74,6 @@ __all__ = [
 
 Params = dict[str, Tensor]
 KERNELS = ("fast", "functional")
-# Pairs per chunk when `config.chunk_size` is None. On a CPU the exact kernel slows by
-# 1.5-3.5x once a chunk's activations outgrow the cache (measured for 64-100-100-10,
-# 64-256-256-10 and 64-100-10 MLPs: `rofu bench kernel` times the old fixed 256 beside it).
-CHUNK_BYTES = 8 << 20
-MAX_CHUNK = 256
 
 
 def rofu_scores(
@@ -143,25 +136,12 @@ def rofu_scores(
     batch_idx, arms = mask.nonzero(as_tuple=True)  # (P,), (P,)
     weights = regulariser_weights(data, arms, config).to(device, dtype)  # (P,)
     table, rows = _query_rows(net, arm_features, pair_features, batch_idx, arms)
-    contexts = contexts.to(device, dtype)
+    pairs = Pairs(
+        contexts.to(device, dtype), batch_idx.to(device), rows.to(device), table, arms, weights
+    )
+    estimator = get_estimator(config.estimator)
     with evaluating(net):  # batch norm on its running statistics; the caller's mode after
-        if config.estimator == "ntk":
-            if basis is None:
-                basis = prepare_ntk(net, theta, data, config, generator, arm_features)
-            owner = batch_idx.to(device)
-            query = features(net, theta, contexts, rows.to(device), table, owner)
-            f0, gain = ntk_gains(basis, query, weights, config)
-            mean, bonus = [f0], [_bonus(gain, config)]
-        else:
-            steps = minibatch_indices(len(data.sample), config, generator)
-            sample = data.sample.to(device, dtype)  # no copy when already there
-            ascent: ExactAscent | FunctionalAscent
-            if kernel == "fast" and isinstance(net, RewardNet):  # the kernel's only model
-                ascent = ExactAscent(net, sample, table, config, steps)
-            else:
-                ascent = FunctionalAscent(net, sample, table, config, steps)
-            chunk = chunk_pairs(net, config, device, len(data.sample))
-            mean, bonus = _ascend(ascent, theta, contexts, batch_idx, rows, weights, config, chunk)
+        mean, bonus = estimator.pairs(net, theta, data, config, generator, pairs, basis, kernel)
     return _scatter(mask, batch_idx, arms, mean, bonus, device, dtype)
 
 
@@ -185,43 +165,6 @@ def _query_rows(
     return torch.cat([arm_features, flat]), n_arms + batch_idx * n_arms + arms
 
 
-def _ascend(
-    ascent: ExactAscent | FunctionalAscent,
-    theta: Params,
-    contexts: Tensor,
-    batch_idx: Tensor,
-    arms: Tensor,
-    weights: Tensor,
-    config: RofuConfig,
-    chunk_size: int,
-) -> tuple[list[Tensor], list[Tensor]]:
-    """Means and bonuses of the P pairs (batch_idx, arms), `chunk_size` at a time."""
-    device = contexts.device
-    mean, bonus = [], []
-    for start in range(0, arms.numel(), chunk_size):
-        chunk = slice(start, start + chunk_size)
-        pair_x = contexts[batch_idx[chunk].to(device)]  # (P, *context_shape)
-        f0, gain = ascent.ascend(theta, pair_x, arms[chunk].to(device), weights[chunk])
-        mean.append(f0)
-        bonus.append(_bonus(gain, config))
-    return mean, bonus
-
-
-def chunk_pairs(net: RewardModel, config: RofuConfig, device: torch.device, n_rows: int) -> int:
-    """Pairs the exact estimator computes together: `config.chunk_size` when set; else, on a
-    CPU and for an MLP `RewardNet`, as many as keep the working set, about
-    (minibatch + 1) * sum(hidden) * 16 bytes a pair, within `CHUNK_BYTES` (at least one,
-    at most `MAX_CHUNK`); else `MAX_CHUNK`. `n_rows` is the data sample's size (the
-    minibatch when `minibatch_size` is None or larger)."""
-    if config.chunk_size is not None:
-        return config.chunk_size
-    if device.type != "cpu" or not isinstance(net, RewardNet):
-        return MAX_CHUNK
-    rows = min(config.minibatch_size or n_rows, n_rows) + 1
-    per_pair = rows * max(sum(net.config.hidden), 1) * 16
-    return max(1, min(MAX_CHUNK, CHUNK_BYTES // per_pair))
-
-
 def ntk_basis(
     net: RewardModel,
     data: RegulariserData,
@@ -236,7 +179,7 @@ def ntk_basis(
     The basis is valid for these parameters, this data sample and these arm features;
     |D| and the arm counts may change afterwards (they enter only the per-pair weights).
     """
-    theta, arm_features = _checkpoint_inputs(net, data, arm_features, params)
+    theta, arm_features = checkpoint_inputs(net, data, arm_features, params)
     with torch.no_grad(), evaluating(net):
         return prepare_ntk(net, theta, data, config, generator, arm_features)
 
@@ -254,7 +197,7 @@ def checkpoint_config(
     (`rofu.models.rofu_stability`). Resolve once per checkpoint and score with the result."""
     if config.stability_cap is None:
         return config
-    theta, arm_features = _checkpoint_inputs(net, data, arm_features, params)
+    theta, arm_features = checkpoint_inputs(net, data, arm_features, params)
     return resolve_step(net, data, config, theta, arm_features)
 
 
@@ -269,11 +212,11 @@ def ascent_rho(
     """rho at `config`'s own step (no cap applied): the step times the regulariser's
     largest curvature at these parameters and data (`rofu.models.rofu_stability`). The ascent
     is monotone up to 1 and diverges past 2."""
-    theta, arm_features = _checkpoint_inputs(net, data, arm_features, params)
+    theta, arm_features = checkpoint_inputs(net, data, arm_features, params)
     return ascent_stiffness(net, data, config, theta, arm_features)
 
 
-def _checkpoint_inputs(
+def checkpoint_inputs(
     net: RewardModel,
     data: RegulariserData,
     arm_features: Tensor | None,
@@ -287,10 +230,6 @@ def _checkpoint_inputs(
     if arm_features is not None:
         arm_features = arm_features.to(device, dtype)
     return theta, arm_features
-
-
-def _bonus(gain: Tensor, config: RofuConfig) -> Tensor:
-    return config.bonus_scale * gain.clamp(min=0).sqrt()
 
 
 def _parameters(net: RewardModel, params: Params | None) -> Params:

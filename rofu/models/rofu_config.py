@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 
 from rofu.models.data import RegulariserData
-from rofu.models.selection import SelectionRule
-from rofu.models.validation import check_choice, check_float, check_int
+from rofu.models.hyper import check_hypers, hyper
+from rofu.models.selection import SELECTIONS, SelectionRule
 
 REGULARISERS = ("dataset", "arm_count")
 BASELINES = ("start", "drift")
@@ -56,41 +56,30 @@ class RofuConfig:
             ascent may run at, L the regulariser's curvature at the checkpoint
             (`rofu.models.rofu_stability`): the step is cut to cap / L where it exceeds it.
             Past rho = 2 the steps diverge; 1 keeps them monotone.
+
+    Each field is declared once (`rofu.models.hyper`): its bounds, and its key in the
+    replay's variant names (`ROFU@step=0.1`); the service's `ROFU_*` settings and the
+    variant keys are derived from them.
     """
 
-    steps: int = 5
-    step_size: float = 0.01
-    step_decay: float = 1.0
-    eta: float = 1.0
-    regulariser: str = "dataset"
-    l2: float = 0.0
-    minibatch_size: int | None = 256
-    bonus_scale: float = 1.0
-    chunk_size: int | None = None
-    baseline: str = "start"
-    estimator: str = "exact"
-    selection: str = "argmax"
-    exploration_floor: float = 0.0
-    igw_gamma: float = 100.0
-    stability_cap: float | None = None
+    steps: int = hyper(5, low=0)
+    step_size: float = hyper(0.01, key="step", low=0.0, low_open=True)
+    step_decay: float = hyper(1.0, low=0.0, high=1.0, low_open=True)
+    eta: float = hyper(1.0, low=0.0, low_open=True)
+    regulariser: str = hyper("dataset", key="reg", choices=REGULARISERS)
+    l2: float = hyper(0.0, low=0.0)
+    minibatch_size: int | None = hyper(256, key="mb", low=1)
+    bonus_scale: float = hyper(1.0, key="scale", low=0.0)
+    chunk_size: int | None = hyper(None, low=1)
+    baseline: str = hyper("start", key="base", choices=BASELINES)
+    estimator: str = hyper("exact", key="est", choices=ESTIMATORS)
+    selection: str = hyper("argmax", key="select", choices=SELECTIONS)
+    exploration_floor: float = hyper(0.0, key="floor", low=0.0, high=1.0)
+    igw_gamma: float = hyper(100.0, key="gamma", low=0.0)
+    stability_cap: float | None = hyper(None, key="cap", low=0.0, low_open=True)
 
     def __post_init__(self) -> None:
-        check_int("steps", self.steps, low=0)
-        check_float("step_size", self.step_size, low=0.0, low_open=True)
-        check_float("step_decay", self.step_decay, low=0.0, high=1.0, low_open=True)
-        check_float("eta", self.eta, low=0.0, low_open=True)
-        check_choice("regulariser", self.regulariser, REGULARISERS)
-        check_float("l2", self.l2, low=0.0)
-        if self.minibatch_size is not None:
-            check_int("minibatch_size", self.minibatch_size, low=1)
-        check_float("bonus_scale", self.bonus_scale, low=0.0)
-        if self.chunk_size is not None:
-            check_int("chunk_size", self.chunk_size, low=1)
-        check_choice("baseline", self.baseline, BASELINES)
-        check_choice("estimator", self.estimator, ESTIMATORS)
-        SelectionRule(self.selection, self.exploration_floor, self.igw_gamma)  # checks them
-        if self.stability_cap is not None:
-            check_float("stability_cap", self.stability_cap, low=0.0, low_open=True)
+        check_hypers(self)
 
     @property
     def rule(self) -> SelectionRule:

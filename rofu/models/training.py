@@ -9,9 +9,10 @@ import torch
 from torch import Tensor, nn
 
 from rofu.models.data import Transitions, feature_rows
+from rofu.models.hyper import check_hypers, hyper
 from rofu.models.networks import RewardNet
 from rofu.models.reward_model import RewardModel, training
-from rofu.models.validation import check_choice, check_float, check_int, describe_contexts
+from rofu.models.validation import describe_contexts
 
 OPTIMIZERS = ("sgd", "adam", "rmsprop")
 SCHEDULES = ("constant", "inverse_time", "cosine")
@@ -36,27 +37,18 @@ class FitConfig:
         max_grad_norm: clip the global gradient norm (None: no clipping).
     """
 
-    steps: int = 100
-    batch_size: int = 512
-    optimizer: str = "adam"
-    lr: float = 1e-3
-    lr_schedule: str = "constant"
-    lr_decay: float = 0.0
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    max_grad_norm: float | None = None
+    steps: int = hyper(100, key="fit_steps", low=0)
+    batch_size: int = hyper(512, key="fit_batch", low=1)
+    optimizer: str = hyper("adam", key="fit_opt", choices=OPTIMIZERS)
+    lr: float = hyper(1e-3, key="fit_lr", low=0.0, low_open=True)
+    lr_schedule: str = hyper("constant", key="fit_sched", choices=SCHEDULES)
+    lr_decay: float = hyper(0.0, key="fit_decay", low=0.0)
+    momentum: float = hyper(0.0, key="fit_momentum", low=0.0, high=1.0)
+    weight_decay: float = hyper(0.0, key="wd", low=0.0)
+    max_grad_norm: float | None = hyper(None, key="clip", low=0.0, low_open=True)
 
     def __post_init__(self) -> None:
-        check_int("steps", self.steps, low=0)
-        check_int("batch_size", self.batch_size, low=1)
-        check_choice("optimizer", self.optimizer, OPTIMIZERS)
-        check_float("lr", self.lr, low=0.0, low_open=True)
-        check_choice("lr_schedule", self.lr_schedule, SCHEDULES)
-        check_float("lr_decay", self.lr_decay, low=0.0)
-        check_float("momentum", self.momentum, low=0.0, high=1.0)
-        check_float("weight_decay", self.weight_decay, low=0.0)
-        if self.max_grad_norm is not None:
-            check_float("max_grad_norm", self.max_grad_norm, low=0.0, low_open=True)
+        check_hypers(self)
 
     def lr_at(self, step: int) -> float:
         """Learning rate of update `step` (0-based)."""
@@ -229,18 +221,15 @@ class TrainSchedule:
             False: a fresh optimizer every refit.
     """
 
-    every: int = 50
-    dense_until: int = 0
+    every: int = hyper(50, low=1)
+    dense_until: int = hyper(0, low=0)
     fit: FitConfig = field(default_factory=lambda: SHOWDOWN_FIT)
-    persist: bool = False
+    persist: bool = hyper(False)
 
     def __post_init__(self) -> None:
-        check_int("every", self.every, low=1)
-        check_int("dense_until", self.dense_until, low=0)
+        check_hypers(self)
         if not isinstance(self.fit, FitConfig):
             raise TypeError(f"fit must be a FitConfig, got {type(self.fit).__name__}")
-        if not isinstance(self.persist, bool):
-            raise TypeError(f"persist must be a bool, got {type(self.persist).__name__}")
 
     def due(self, before: int, after: int) -> bool:
         """Whether growing the data from `before` to `after` rows triggers a refit."""

@@ -12,7 +12,7 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
@@ -24,6 +24,7 @@ from pydantic_settings import (
 
 from rofu.models import FitConfig, RewardNetConfig, RofuConfig
 from rofu.models.presets import PRESETS, PRODUCT, RofuPreset, get_preset
+from rofu.service.derived import SettingsPart, derived_settings, optional_settings
 
 ARM_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$"
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
@@ -42,7 +43,20 @@ def _demo_arms() -> list[ArmSpec]:
     return [ArmSpec(id=f"arm-{i}") for i in range(4)]
 
 
-class Settings(BaseSettings):
+#: The config dataclasses whose declared fields are settings of the same name (FitConfig's
+#: prefixed `fit_`; its `steps` is `fit_steps` below, per run or per new row).
+MODEL_PARTS = (
+    SettingsPart(RofuConfig, PRODUCT.rofu),
+    SettingsPart(FitConfig, PRODUCT.schedule.fit, prefix="fit_", skip=("steps",)),
+)
+ROFU_PART, FIT_PART = MODEL_PARTS
+if TYPE_CHECKING:
+    _ModelSettings = BaseSettings
+else:
+    _ModelSettings = derived_settings("_ModelSettings", MODEL_PARTS)
+
+
+class Settings(_ModelSettings):
     """Every setting of the service, the trainer and the CLI."""
 
     model_config = SettingsConfigDict(env_prefix="ROFU_", extra="forbid", frozen=True)
@@ -76,29 +90,12 @@ class Settings(BaseSettings):
     # torch's intra-op threads per process (API and trainer); 0: torch's default.
     torch_threads: Annotated[int, Field(ge=0, le=1024)] = 0
 
-    # ROFU (see rofu.models.rofu.RofuConfig).
-    steps: Annotated[int, Field(ge=0, le=1000)] = PRODUCT.rofu.steps
-    step_size: Annotated[float, Field(gt=0, allow_inf_nan=False)] = PRODUCT.rofu.step_size
-    step_decay: Annotated[float, Field(gt=0, le=1)] = PRODUCT.rofu.step_decay
-    eta: Annotated[float, Field(gt=0, allow_inf_nan=False)] = PRODUCT.rofu.eta
-    regulariser: Literal["dataset", "arm_count"] = "arm_count"
-    l2: Annotated[float, Field(ge=0, allow_inf_nan=False)] = PRODUCT.rofu.l2
-    minibatch_size: Annotated[int, Field(ge=1)] | None = PRODUCT.rofu.minibatch_size
-    bonus_scale: Annotated[float, Field(ge=0, allow_inf_nan=False)] = PRODUCT.rofu.bonus_scale
-    baseline: Literal["start", "drift"] = "drift"
-    estimator: Literal["exact", "ntk"] = "ntk"
-    # The selection rule (rofu.models.selection): argmax of the UCBs (ties uniform) or
-    # inverse-gap weighting over them (igw_gamma: an arm gap below the best UCB gets
-    # 1 / (K + gamma gap)), mixed with a uniform choice of weight exploration_floor.
-    # Every response and decision row carries the exact probabilities.
-    selection: Literal["argmax", "igw"] = "argmax"
-    exploration_floor: Annotated[float, Field(ge=0, le=1)] = PRODUCT.rofu.exploration_floor
-    igw_gamma: Annotated[float, Field(ge=0, allow_inf_nan=False)] = PRODUCT.rofu.igw_gamma
-    # The largest rho = step x the regulariser's curvature the ascent may run at; the step
-    # is cut per checkpoint to keep within it (rofu.models.rofu_stability). None: a fixed step.
-    stability_cap: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = (
-        PRODUCT.rofu.stability_cap
-    )
+    # ROFU's estimator and selection rule (RofuConfig: steps, step_size, ..., estimator,
+    # selection, exploration_floor, igw_gamma, stability_cap) and the refit's optimizer
+    # (FitConfig, as fit_batch_size, fit_optimizer, fit_lr, ...) are derived from their
+    # dataclasses (`MODEL_PARTS`), bounds included; `none` (or `off`) sets an optional one
+    # to None (a stability_cap of None: the fixed step).
+
     # With `exact` on a CUDA device: replay the estimator from CUDA graphs captured per
     # batch-size bucket (rofu.models.rofu_graphs); false: launch its kernels one by one.
     cuda_graphs: bool = True
@@ -161,12 +158,6 @@ class Settings(BaseSettings):
         PRODUCT.fit_steps_per_row
     )
     fit_max_steps: Annotated[int, Field(ge=0)] = 2000
-    fit_batch_size: Annotated[int, Field(ge=1)] = PRODUCT.schedule.fit.batch_size
-    fit_optimizer: Literal["sgd", "adam", "rmsprop"] = "adam"
-    fit_lr: Annotated[float, Field(gt=0, allow_inf_nan=False)] = PRODUCT.schedule.fit.lr
-    fit_weight_decay: Annotated[float, Field(ge=0, allow_inf_nan=False)] = (
-        PRODUCT.schedule.fit.weight_decay
-    )
     fit_persist: bool = PRODUCT.schedule.persist
 
     trainer_metrics_port: Annotated[int, Field(ge=0, le=65535)] = 9101  # 0: no endpoint
@@ -194,10 +185,11 @@ class Settings(BaseSettings):
             raise ValueError("every hidden width must be >= 1")
         return value
 
-    @field_validator("stability_cap", mode="before")
+    @field_validator(*optional_settings(MODEL_PARTS), mode="before")
     @classmethod
-    def _cap_off(cls, value: object) -> object:
-        """`none` (or `off`) lifts a preset's cap: the fixed step."""
+    def _none(cls, value: object) -> object:
+        """`none` (or `off`) sets an optional model setting to None (a preset's
+        stability_cap lifted: the fixed step)."""
         if isinstance(value, str) and value.strip().lower() in ("none", "off"):
             return None
         return value
@@ -278,38 +270,16 @@ class Settings(BaseSettings):
         )
 
     def rofu_config(self) -> RofuConfig:
-        """The ROFU estimator's hyper-parameters."""
-        return dataclasses.replace(
-            get_preset(self.preset).rofu,
-            steps=self.steps,
-            step_size=self.step_size,
-            step_decay=self.step_decay,
-            eta=self.eta,
-            regulariser=self.regulariser,
-            l2=self.l2,
-            minibatch_size=self.minibatch_size,
-            bonus_scale=self.bonus_scale,
-            baseline=self.baseline,
-            estimator=self.estimator,
-            selection=self.selection,
-            exploration_floor=self.exploration_floor,
-            igw_gamma=self.igw_gamma,
-            stability_cap=self.stability_cap,
-        )
+        """The ROFU estimator's hyper-parameters and selection rule."""
+        return dataclasses.replace(get_preset(self.preset).rofu, **ROFU_PART.read(self))
 
     def fit_config(self, new_rows: int = 0) -> FitConfig:
         """How a trainer run that adds `new_rows` rows refits theta_t from theta_{t-1}."""
         steps = self.fit_steps
         if steps is None:
             steps = min(self.fit_max_steps, math.ceil(self.fit_steps_per_row * new_rows))
-        return dataclasses.replace(
-            get_preset(self.preset).schedule.fit,
-            steps=steps,
-            batch_size=self.fit_batch_size,
-            optimizer=self.fit_optimizer,
-            lr=self.fit_lr,
-            weight_decay=self.fit_weight_decay,
-        )
+        fit = get_preset(self.preset).schedule.fit
+        return dataclasses.replace(fit, steps=steps, **FIT_PART.read(self))
 
     def model_config_record(self) -> dict[str, Any]:
         """The configuration a checkpoint records: the preset and what was served of it."""
@@ -352,34 +322,12 @@ def get_settings() -> Settings:
 
 def preset_settings(preset: RofuPreset) -> dict[str, Any]:
     """The settings a preset gives (those not set explicitly take these)."""
-    rofu, fit = preset.rofu, preset.schedule.fit
     return {
         "hidden": preset.hidden,
         "activation": preset.activation,
         "init_scale": preset.init_scale,
-        **{
-            name: getattr(rofu, name)
-            for name in (
-                "steps",
-                "step_size",
-                "step_decay",
-                "eta",
-                "regulariser",
-                "l2",
-                "minibatch_size",
-                "bonus_scale",
-                "baseline",
-                "estimator",
-                "selection",
-                "exploration_floor",
-                "igw_gamma",
-                "stability_cap",
-            )
-        },
+        **ROFU_PART.values(preset.rofu),
         "fit_steps_per_row": preset.fit_steps_per_row,
-        "fit_batch_size": fit.batch_size,
-        "fit_optimizer": fit.optimizer,
-        "fit_lr": fit.lr,
-        "fit_weight_decay": fit.weight_decay,
+        **FIT_PART.values(preset.schedule.fit),
         "fit_persist": preset.schedule.persist,
     }

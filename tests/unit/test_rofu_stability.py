@@ -211,9 +211,9 @@ def test_rofu_policy_resolves_the_step_once_per_refit_with_its_weights():
     policy.update(data.sample)
     contexts = torch.randn(2, 6, generator=torch.Generator().manual_seed(9))
     policy.select(contexts)
-    step = policy._scoring.step_size  # noqa: SLF001 (what the policy scored with)
+    step = policy.scoring_step  # what the policy scored with
     expected = checkpoint_config(policy.net, policy.buffer.regulariser_data(4), config)
     assert step == pytest.approx(expected.step_size, rel=1e-6)
     assert step < config.step_size
     policy.update(make_data(64, 6, 4, seed=1, dtype=torch.float32).sample)  # a refit
-    assert policy._scoring is None  # noqa: SLF001 (resolved again for the new weights)
+    assert policy.scoring_step is None  # resolved again for the new weights

@@ -182,7 +182,7 @@ async def test_service_scores_with_a_stability_cap_run_the_checkpoints_resolved_
         arms = tuple(runtime.catalogue.fresh().candidates(None, None))
         job = SelectJob("e", tuple(CONTEXT), arms, True)
         low, high = capped([job])[0], plain([job])[0]
-        resolved = capped.config_for(snapshot, None)
+        resolved = capped.prepared(snapshot, None).config
     assert resolved == checkpoint_config(snapshot.net, snapshot.data, config)
     assert resolved.stability_cap is None
     assert resolved.step_size < config.step_size

@@ -19,9 +19,10 @@ from rofu.models.policies.base import (
     rofu_decide,
 )
 from rofu.models.policies.params import EpsilonGreedyParams, NeuralUCBParams
+from rofu.models.prepared import PreparedModel, prepare, score
 from rofu.models.presets import PRODUCT
 from rofu.models.reward_model import RewardModel, RewardModelConfig
-from rofu.models.rofu import NtkBasis, RofuConfig, checkpoint_config, ntk_basis, rofu_scores
+from rofu.models.rofu import RofuConfig
 from rofu.models.scores import Decision, Scores
 from rofu.models.training import FitConfig, TrainSchedule, fit, make_optimizer
 from rofu.models.validation import check_float_tensor, check_int
@@ -244,8 +245,7 @@ class RofuPolicy(NeuralPolicy[RofuConfig]):
     default_schedule = PRODUCT.schedule
 
     def _setup(self, seed: int) -> None:
-        self._basis: NtkBasis | None = None
-        self._scoring: RofuConfig | None = None  # the checkpoint's resolved step
+        self._prepared: PreparedModel | None = None  # the checkpoint's, until a refit
 
     @property
     def rofu(self) -> RofuConfig:
@@ -257,37 +257,39 @@ class RofuPolicy(NeuralPolicy[RofuConfig]):
         """The ascent step the current checkpoint scores with: `params.step_size`, or with
         a `stability_cap` the step it resolved to. None until a decision has resolved it
         (no data yet, or a refit since)."""
-        return None if self._scoring is None else self._scoring.step_size
+        return None if self._prepared is None else self._prepared.config.step_size
 
     def train(self) -> dict[str, float]:
         """Refit the network; a prepared NTK basis and step belong to the old weights."""
-        self._basis, self._scoring = None, None
+        self._prepared = None
         return super().train()
+
+    def scores(self, contexts: Tensor, candidates: Tensor | None = None) -> Scores:
+        """ROFU's (B, A) scores from the checkpoint prepared at the first call since the
+        last refit (`rofu.models.prepared`), with |D| and the arm counts current.
+
+        Raises:
+            ValueError: no data yet (nothing to regularise with), or bad inputs.
+        """
+        contexts, mask = self._prepare(contexts, candidates)
+        if len(self.buffer) == 0:
+            raise ValueError("ROFU needs at least one logged transition to score")
+        return self._scores(contexts, mask)
+
+    def _scores(self, contexts: Tensor, mask: Tensor) -> Scores:
+        data = self.buffer.regulariser_data(self.n_arms)
+        if self._prepared is None:
+            self._prepared = prepare(
+                self.net, data, self.rofu, self.generator, arm_features=self.arm_features
+            )
+        return score(self._prepared.with_data(data), contexts, self.generator, candidates=mask)
 
     def select(self, contexts: Tensor, candidates: Tensor | None = None) -> Decision:
         """ROFU's rule on the upper confidence bounds (`rofu_decide`); exact propensities."""
         contexts, mask = self._prepare(contexts, candidates)
         if len(self.buffer) == 0:
             return rofu_decide(None, mask, self.generator, rule=self.rofu.rule)
-        data = self.buffer.regulariser_data(self.n_arms)
-        if self._scoring is None:
-            self._scoring = checkpoint_config(
-                self.net, data, self.rofu, arm_features=self.arm_features
-            )
-        if self.rofu.estimator == "ntk" and self._basis is None:
-            self._basis = ntk_basis(
-                self.net, data, self.rofu, self.generator, arm_features=self.arm_features
-            )
-        scores = rofu_scores(
-            self.net,
-            contexts,
-            data,
-            self._scoring,
-            self.generator,
-            candidates=mask,
-            arm_features=self.arm_features,
-            basis=self._basis,
-        )
+        scores = self._scores(contexts, mask)
         return rofu_decide(scores, mask, self.generator, rule=self.rofu.rule)
 
 

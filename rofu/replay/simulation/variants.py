@@ -13,6 +13,7 @@ import functools
 from collections.abc import Callable
 
 from rofu.models import FitConfig, RewardNetConfig, RofuConfig
+from rofu.models.hyper import HyperField, hypers
 from rofu.models.networks import ACTIVATIONS
 from rofu.models.policies import SHOWDOWN_FIT, TrainSchedule
 from rofu.models.presets import PRODUCT, RofuPreset
@@ -44,43 +45,48 @@ def _widths(value: str) -> tuple[int, ...]:
     return tuple(int(w) for w in value.split("x"))
 
 
-def _cap(value: str) -> float | None:
-    return None if value == "none" else float(value)
-
-
 def _flag(value: str) -> bool:
     if value not in ("0", "1"):
         raise ValueError(value)
     return value == "1"
 
 
+def _parser(field: HyperField) -> Callable[[str], object]:
+    """The variant value's parser of a declared field: `none` for None where optional,
+    0/1 for a flag."""
+    cast: Callable[[str], object] = _flag if field.kind is bool else field.kind
+    if not field.optional:
+        return cast
+    return lambda value: None if value == "none" else cast(value)
+
+
+#: The parts a variant overrides, each a config dataclass (`rofu.models.hyper`); a key is
+#: the field's declared `key`, else its name.
+PARTS: dict[str, type] = {"rofu": RofuConfig, "fit": FitConfig, "schedule": TrainSchedule}
+
+
+def variant_keys(parts: dict[str, type]) -> dict[str, tuple[str, str, Callable[[str], object]]]:
+    """key -> (part, field, parser) of every declared field of the parts' dataclasses.
+
+    Raises:
+        ValueError: two fields declare the same key.
+    """
+    keys: dict[str, tuple[str, str, Callable[[str], object]]] = {}
+    for part, cls in parts.items():
+        for field in hypers(cls):
+            key = field.spec.key or field.name
+            if key in keys:
+                raise ValueError(f"variant key {key!r} is declared twice ({part}.{field.name})")
+            keys[key] = (part, field.name, _parser(field))
+    return keys
+
+
+#: The network's keys (the preset's, not a config dataclass), then the declared ones.
 VARIANT_KEYS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "hidden": ("net", "hidden", _widths),
     "act": ("net", "activation", functools.partial(check_choice, "act", choices=ACTIVATIONS)),
-    "eta": ("rofu", "eta", float),
-    "base": ("rofu", "baseline", str),
-    "step": ("rofu", "step_size", float),
-    "steps": ("rofu", "steps", int),
-    "reg": ("rofu", "regulariser", str),
-    "scale": ("rofu", "bonus_scale", float),
-    "l2": ("rofu", "l2", float),
-    "mb": ("rofu", "minibatch_size", int),
-    "est": ("rofu", "estimator", str),
-    "floor": ("rofu", "exploration_floor", float),
-    "select": ("rofu", "selection", str),
-    "gamma": ("rofu", "igw_gamma", float),
-    "cap": ("rofu", "stability_cap", _cap),
-    "fit_steps": ("fit", "steps", int),
-    "fit_lr": ("fit", "lr", float),
-    "fit_opt": ("fit", "optimizer", str),
-    "fit_batch": ("fit", "batch_size", int),
-    "fit_sched": ("fit", "lr_schedule", str),
-    "fit_decay": ("fit", "lr_decay", float),
-    "clip": ("fit", "max_grad_norm", float),
-    "wd": ("fit", "weight_decay", float),
     "init": ("net", "init_scale", float),
-    "every": ("schedule", "every", int),
-    "persist": ("schedule", "persist", _flag),
+    **variant_keys(PARTS),
 }
 
 

@@ -16,17 +16,15 @@ can be recomputed from the log.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 from dataclasses import dataclass
 
 import torch
 
-from rofu.models import RofuConfig, Scores, rofu_scores
+from rofu.models import RofuConfig, Scores
 from rofu.models.policies.base import rofu_decide
-from rofu.models.rofu import NtkBasis, checkpoint_config, ntk_basis
-from rofu.models.rofu_graphs import GraphedExact
+from rofu.models.prepared import PreparedModel, prepare, score
 from rofu.models.scores import ArmScore, Decision
 from rofu.service.deciding.catalogue import Arm, CatalogueCache
 from rofu.service.deciding.snapshot import Snapshot, SnapshotHolder
@@ -41,6 +39,29 @@ def checkpoint_generator(seed: int, version: int) -> torch.Generator:
     """A fresh generator for a checkpoint's minibatches (the NTK basis's, or each exact
     call's): the same for every call and every replica serving that version."""
     return torch.Generator().manual_seed(seed * 1_000_003 + version)
+
+
+def prepare_served(
+    snapshot: Snapshot,
+    config: RofuConfig,
+    seed: int,
+    *,
+    arm_features: torch.Tensor | None = None,
+    cuda_graphs: bool = False,
+) -> PreparedModel:
+    """The served checkpoint prepared for scoring (`rofu.models.prepared.prepare`) as every
+    replica prepares it: the NTK basis's minibatches from `checkpoint_generator`, so that
+    every replica serving a version holds the same basis. `rofu evaluate` and
+    `rofu bench load` prepare through here too."""
+    generator = checkpoint_generator(seed, snapshot.version)
+    return prepare(
+        snapshot.net,
+        snapshot.data,
+        config,
+        generator,
+        arm_features=arm_features,
+        cuda_graphs=cuda_graphs,
+    )
 
 
 def _per_request(jobs: list[SelectJob], features: torch.Tensor | None) -> torch.Tensor | None:
@@ -79,16 +100,6 @@ class SelectJob:
 
 
 @dataclass(frozen=True)
-class _Prepared:
-    """What a checkpoint (and arm feature table) is scored with, prepared once: its
-    configuration, the step resolved, and the NTK basis or the CUDA graphs, if any."""
-
-    config: RofuConfig
-    basis: NtkBasis | None = None
-    graphs: GraphedExact | None = None
-
-
-@dataclass(frozen=True)
 class SelectOutcome:
     """The choice for one job and what it was made from."""
 
@@ -119,9 +130,8 @@ class Scorer:
         self._arm_feature_dim = arm_feature_dim
         self._seed = seed
         self._cuda_graphs = cuda_graphs
-        # Built once per checkpoint and arm feature table: the step it runs (a
-        # stability_cap resolved) and the NTK basis, or CUDA graphs.
-        self._cache: tuple[tuple[str, bytes] | None, _Prepared | None] = (None, None)
+        # Built once per checkpoint and arm feature table (`prepared`).
+        self._cache: tuple[tuple[str, bytes] | None, PreparedModel | None] = (None, None)
 
     def __call__(self, jobs: list[SelectJob]) -> list[SelectOutcome | None]:
         """Score and choose for every job (runs in the batcher's worker thread).
@@ -171,70 +181,36 @@ class Scorer:
         features: torch.Tensor | None,
         pair_features: torch.Tensor | None,
     ) -> Scores:
-        """Scores from the CUDA graphs when built and no job has its own arm features,
-        else from `rofu_scores` (with the checkpoint's NTK basis, when `ntk`)."""
-        graphed = None if pair_features is not None else self._graphed(snapshot, features)
+        """Scores from the checkpoint prepared once (`prepared`): from its CUDA graphs when
+        built and no job has its own arm features, else eagerly."""
+        prepared = self.prepared(snapshot, features)
         generator = checkpoint_generator(self._seed, snapshot.version)  # used by `exact`
-        if graphed is not None:
+        if prepared.graphs is not None and pair_features is None:
             try:
-                return graphed(contexts, generator, mask)
+                return score(prepared, contexts, generator, candidates=mask)
             except RuntimeError:  # e.g. a capture the driver refuses: stay eager for it
                 log.warning("CUDA graph replay failed; scoring eagerly", exc_info=True)
-                self._drop_graphs()
-        return rofu_scores(
-            snapshot.net,
-            contexts,
-            snapshot.data,
-            self.config_for(snapshot, features),
-            generator,
-            candidates=mask,
-            arm_features=features,
-            pair_features=pair_features,
-            basis=self.basis(snapshot, features),
-        )
+                prepared = prepared.without_graphs()
+                self._cache = (self._cache[0], prepared)
+        return score(prepared, contexts, generator, candidates=mask, pair_features=pair_features)
 
-    def _cached(self, snapshot: Snapshot, features: torch.Tensor | None) -> _Prepared:
-        """What was prepared for this checkpoint and arm feature table."""
+    def prepared(self, snapshot: Snapshot, features: torch.Tensor | None) -> PreparedModel:
+        """This checkpoint and arm feature table prepared for scoring (`prepare_served`),
+        built once: the step it runs (a stability_cap resolved), the NTK basis or the
+        CUDA graphs."""
         table = b"" if features is None else features.cpu().numpy().tobytes()
         key = (snapshot.checksum, table)
         prepared = self._cache[1]
         if self._cache[0] != key or prepared is None:
-            prepared = self._build(snapshot, features)
+            prepared = prepare_served(
+                snapshot,
+                self._config,
+                self._seed,
+                arm_features=features,
+                cuda_graphs=self._cuda_graphs,
+            )
             self._cache = (key, prepared)
         return prepared
-
-    def _build(self, snapshot: Snapshot, features: torch.Tensor | None) -> _Prepared:
-        on_cuda = next(snapshot.net.parameters()).device.type == "cuda"
-        config = checkpoint_config(snapshot.net, snapshot.data, self._config, arm_features=features)
-        if config.estimator == "ntk":
-            # Minibatches from a generator seeded by the version: every replica serving a
-            # version holds the same basis.
-            generator = checkpoint_generator(self._seed, snapshot.version)
-            basis = ntk_basis(snapshot.net, snapshot.data, config, generator, arm_features=features)
-            return _Prepared(config, basis)
-        if on_cuda and self._cuda_graphs:
-            try:
-                graphs = GraphedExact(snapshot.net, snapshot.data, config, arm_features=features)
-                return _Prepared(config, graphs=graphs)
-            except ValueError:  # a setting it cannot capture (drift with l2): stay eager
-                pass
-        return _Prepared(config)
-
-    def _drop_graphs(self) -> None:
-        prepared = self._cache[1]
-        if prepared is not None:
-            self._cache = (self._cache[0], dataclasses.replace(prepared, graphs=None))
-
-    def config_for(self, snapshot: Snapshot, features: torch.Tensor | None) -> RofuConfig:
-        """The configuration this checkpoint is scored with (its step resolved once)."""
-        return self._cached(snapshot, features).config
-
-    def basis(self, snapshot: Snapshot, features: torch.Tensor | None) -> NtkBasis | None:
-        """The `ntk` estimator's basis for this checkpoint (and arm features), built once."""
-        return self._cached(snapshot, features).basis
-
-    def _graphed(self, snapshot: Snapshot, features: torch.Tensor | None) -> GraphedExact | None:
-        return self._cached(snapshot, features).graphs
 
     def _outcome(
         self,

@@ -344,7 +344,8 @@ class Trainer:
         else:
             log.info("training run: %s", report)
         rho = report.ascent_rho
-        if rho is not None and rho > UNSTABLE_RHO and self.settings.stability_cap is None:
+        uncapped = self.settings.rofu_config().stability_cap is None
+        if rho is not None and rho > UNSTABLE_RHO and uncapped:
             log.warning(
                 "checkpoint %s: ROFU's ascent runs at rho = %.3g > %s, past which its steps "
                 "diverge and its bonuses mean little (a lasting rise, not one spike from a few "
