@@ -3,7 +3,9 @@
 `RofuConfig.estimator` names one of `ESTIMATORS` (`rofu.models.rofu_config`); this registry is
 the one place that name is dispatched on. `exact` runs the M steps on the network
 (`rofu.models.rofu_exact`, or torch.func in `rofu.models.rofu_functional`); `ntk` runs them on
-its first-order expansion from a per-checkpoint `NtkBasis` (`rofu.models.rofu_ntk`).
+its first-order expansion from a per-checkpoint `NtkBasis` (`rofu.models.rofu_ntk`);
+`ntk-closed` and `ntk-kfac` solve that expansion's objective in closed form, from the
+sample's Gram (`rofu.models.rofu_closed`) or Kronecker factors (`rofu.models.rofu_kfac`).
 """
 
 from __future__ import annotations
@@ -18,12 +20,16 @@ from torch import Tensor
 from rofu.models.data import RegulariserData
 from rofu.models.networks import RewardNet
 from rofu.models.reward_model import RewardModel
+from rofu.models.rofu_closed import ClosedBasis, closed_gains, prepare_closed
 from rofu.models.rofu_config import ESTIMATORS, RofuConfig, minibatch_indices
 from rofu.models.rofu_exact import ExactAscent
 from rofu.models.rofu_functional import FunctionalAscent
+from rofu.models.rofu_kfac import KfacFactors, kfac_gains, prepare_kfac
 from rofu.models.rofu_ntk import NtkBasis, features, ntk_gains, prepare_ntk
 
 Params = dict[str, Tensor]
+#: What an estimator prepares once per checkpoint.
+Basis = NtkBasis | ClosedBasis | KfacFactors
 Kernel = Literal["fast", "functional"]
 # Pairs per chunk when `config.chunk_size` is None. On a CPU the exact kernel slows by
 # 1.5-3.5x once a chunk's activations outgrow the cache (measured for 64-100-100-10,
@@ -63,7 +69,7 @@ class Estimator:
 
     Attributes:
         name: the `RofuConfig.estimator` value.
-        prepare: builds the checkpoint's `NtkBasis` from (net, theta, data, config,
+        prepare: builds the checkpoint's `Basis` from (net, theta, data, config,
             generator, arm features), or None when the estimator keeps no basis.
         pairs: scores the pairs: (net, theta, data, config, generator, pairs, basis,
             kernel) -> (means, bonuses).
@@ -73,7 +79,7 @@ class Estimator:
     name: str
     prepare: Callable[
         [RewardModel, Params, RegulariserData, RofuConfig, torch.Generator, Tensor | None],
-        NtkBasis | None,
+        Basis | None,
     ]
     pairs: Callable[
         [
@@ -83,7 +89,7 @@ class Estimator:
             RofuConfig,
             torch.Generator,
             Pairs,
-            NtkBasis | None,
+            Basis | None,
             Kernel,
         ],
         PairScores,
@@ -107,10 +113,10 @@ def _ntk_pairs(
     config: RofuConfig,
     generator: torch.Generator,
     pairs: Pairs,
-    basis: NtkBasis | None,
+    basis: Basis | None,
     kernel: Kernel,
 ) -> PairScores:
-    if basis is None:
+    if not isinstance(basis, NtkBasis):
         basis = prepare_ntk(net, theta, data, config, generator, pairs.table)
     query = features(net, theta, pairs.contexts, pairs.rows, pairs.table, pairs.owner)
     f0, gain = ntk_gains(basis, query, pairs.weights, config)
@@ -124,7 +130,7 @@ def _exact_pairs(
     config: RofuConfig,
     generator: torch.Generator,
     pairs: Pairs,
-    basis: NtkBasis | None,
+    basis: Basis | None,
     kernel: Kernel,
 ) -> PairScores:
     device, dtype = pairs.contexts.device, pairs.contexts.dtype
@@ -146,6 +152,66 @@ def _exact_pairs(
     return mean, bonuses
 
 
+def _prepare_closed(
+    net: RewardModel,
+    theta: Params,
+    data: RegulariserData,
+    config: RofuConfig,
+    generator: torch.Generator,
+    arm_features: Tensor | None,
+) -> ClosedBasis:
+    return prepare_closed(net, theta, data, config, arm_features)
+
+
+def _closed_pairs(
+    net: RewardModel,
+    theta: Params,
+    data: RegulariserData,
+    config: RofuConfig,
+    generator: torch.Generator,
+    pairs: Pairs,
+    basis: Basis | None,
+    kernel: Kernel,
+) -> PairScores:
+    if not isinstance(basis, ClosedBasis):
+        basis = prepare_closed(net, theta, data, config, pairs.table)
+    query = features(net, theta, pairs.contexts, pairs.rows, pairs.table, pairs.owner)
+    f0, gain = closed_gains(basis, query, pairs.weights, config)
+    return [f0], [bonus(gain, config)]
+
+
+def _prepare_kfac(
+    net: RewardModel,
+    theta: Params,
+    data: RegulariserData,
+    config: RofuConfig,
+    generator: torch.Generator,
+    arm_features: Tensor | None,
+) -> KfacFactors:
+    if not isinstance(net, RewardNet):
+        raise TypeError(
+            f"estimator 'ntk-kfac' needs a RewardNet (an MLP), got {type(net).__name__}"
+        )
+    return prepare_kfac(net, theta, data, config, arm_features)
+
+
+def _kfac_pairs(
+    net: RewardModel,
+    theta: Params,
+    data: RegulariserData,
+    config: RofuConfig,
+    generator: torch.Generator,
+    pairs: Pairs,
+    basis: Basis | None,
+    kernel: Kernel,
+) -> PairScores:
+    if not isinstance(basis, KfacFactors):
+        basis = _prepare_kfac(net, theta, data, config, generator, pairs.table)
+    query = features(net, theta, pairs.contexts, pairs.rows, pairs.table, pairs.owner)
+    f0, gain = kfac_gains(basis, query, pairs.arms, pairs.weights, config)
+    return [f0], [bonus(gain, config)]
+
+
 def chunk_pairs(net: RewardModel, config: RofuConfig, device: torch.device, n_rows: int) -> int:
     """Pairs the exact estimator computes together: `config.chunk_size` when set; else, on a
     CPU and for an MLP `RewardNet`, as many as keep the working set, about
@@ -164,6 +230,8 @@ def chunk_pairs(net: RewardModel, config: RofuConfig, device: torch.device, n_ro
 REGISTRY: dict[str, Estimator] = {
     "exact": Estimator("exact", _no_basis, _exact_pairs, graphs=True),
     "ntk": Estimator("ntk", prepare_ntk, _ntk_pairs, graphs=False),
+    "ntk-closed": Estimator("ntk-closed", _prepare_closed, _closed_pairs, graphs=False),
+    "ntk-kfac": Estimator("ntk-kfac", _prepare_kfac, _kfac_pairs, graphs=False),
 }
 if tuple(REGISTRY) != ESTIMATORS:  # the names RofuConfig accepts are the ones dispatched
     raise RuntimeError(f"estimator registry {tuple(REGISTRY)} != RofuConfig's {ESTIMATORS}")

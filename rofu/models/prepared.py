@@ -18,13 +18,12 @@ import torch
 from torch import Tensor
 
 from rofu.models.data import RegulariserData
-from rofu.models.estimators import Kernel, get_estimator
+from rofu.models.estimators import Basis, Kernel, get_estimator
 from rofu.models.networks import RewardNet
 from rofu.models.reward_model import RewardModel, evaluating
 from rofu.models.rofu import checkpoint_inputs, rofu_scores
-from rofu.models.rofu_config import RofuConfig
+from rofu.models.rofu_config import CLOSED_FORMS, RofuConfig
 from rofu.models.rofu_graphs import GraphedExact
-from rofu.models.rofu_ntk import NtkBasis
 from rofu.models.rofu_stability import resolve_step
 from rofu.models.scores import Scores
 
@@ -38,7 +37,7 @@ class PreparedModel:
         data: the regulariser's data sample, on the network's device.
         config: the configuration it is scored with: the step resolved, no cap left.
         arm_features: (A, F) arm features on the network's device, or None.
-        basis: the `ntk` estimator's basis, or None.
+        basis: the estimator's per-checkpoint basis (`ntk` and the closed forms), or None.
         graphs: the exact estimator's CUDA graphs, or None.
     """
 
@@ -46,7 +45,7 @@ class PreparedModel:
     data: RegulariserData
     config: RofuConfig
     arm_features: Tensor | None = None
-    basis: NtkBasis | None = None
+    basis: Basis | None = None
     graphs: GraphedExact | None = None
 
     def with_data(self, data: RegulariserData) -> PreparedModel:
@@ -89,7 +88,7 @@ def prepare(
     theta, arm_features = checkpoint_inputs(net, data, arm_features, None)
     device = next(iter(theta.values())).device
     data = RegulariserData(data.sample.to(device), data.n_total, data.arm_counts)
-    if config.stability_cap is not None:
+    if config.stability_cap is not None and config.estimator not in CLOSED_FORMS:
         config = resolve_step(net, data, config, theta, arm_features)
     with torch.no_grad(), evaluating(net):
         basis = estimator.prepare(net, theta, data, config, generator, arm_features)

@@ -35,10 +35,18 @@ import torch
 from torch import Tensor
 
 from rofu.models.data import RegulariserData
-from rofu.models.estimators import CHUNK_BYTES, MAX_CHUNK, Pairs, chunk_pairs, get_estimator
+from rofu.models.estimators import (
+    CHUNK_BYTES,
+    MAX_CHUNK,
+    Basis,
+    Pairs,
+    chunk_pairs,
+    get_estimator,
+)
 from rofu.models.reward_model import RewardModel, evaluating
 from rofu.models.rofu_config import (
     BASELINES,
+    CLOSED_FORMS,
     ESTIMATORS,
     REGULARISERS,
     RofuConfig,
@@ -87,7 +95,7 @@ def rofu_scores(
     arm_features: Tensor | None = None,
     pair_features: Tensor | None = None,
     params: Params | None = None,
-    basis: NtkBasis | None = None,
+    basis: Basis | None = None,
     kernel: Literal["fast", "functional"] = "fast",
 ) -> Scores:
     """Score B contexts x A arms with ROFU, all pairs batched.
@@ -131,7 +139,8 @@ def rofu_scores(
     _check_pair_features(net, pair_features, mask.shape)
     if arm_features is not None:
         arm_features = arm_features.to(device, dtype)
-    if config.stability_cap is not None:  # callers that score a checkpoint often resolve once
+    # Callers that score a checkpoint often resolve the step once (`rofu.models.prepared`).
+    if config.stability_cap is not None and config.estimator not in CLOSED_FORMS:
         config = resolve_step(net, data, config, theta, arm_features)
     batch_idx, arms = mask.nonzero(as_tuple=True)  # (P,), (P,)
     weights = regulariser_weights(data, arms, config).to(device, dtype)  # (P,)

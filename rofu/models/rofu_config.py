@@ -13,7 +13,9 @@ from rofu.models.selection import SELECTIONS, SelectionRule
 
 REGULARISERS = ("dataset", "arm_count")
 BASELINES = ("start", "drift")
-ESTIMATORS = ("exact", "ntk")
+ESTIMATORS = ("exact", "ntk", "ntk-closed", "ntk-kfac")
+#: The estimators that solve the linearised objective exactly: no step, no M, and l2 > 0.
+CLOSED_FORMS = ("ntk-closed", "ntk-kfac")
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,12 @@ class RofuConfig:
         estimator: `exact` runs the M steps on the network itself; `ntk` runs the same
             steps on its first-order expansion around theta (the paper's NTK regulariser,
             appendix), in the span of the gradient features: far cheaper, and equal to
-            `exact` for a model that is linear in its parameters.
+            `exact` for a model that is linear in its parameters. `ntk-closed` solves that
+            linearised objective exactly, the M -> infinity limit of `drift`
+            (`rofu.models.rofu_closed`: Woodbury on the data sample's Gram); `ntk-kfac` the
+            same with Kronecker-factored curvature (`rofu.models.rofu_kfac`, MLPs only).
+            Both ignore steps, step_size, step_decay, minibatch_size, baseline and
+            stability_cap, and need l2 > 0 (the prior's precision).
         selection: how the UCBs become a choice (`rofu.models.selection`): `argmax` (ties
             uniform) or `igw` (inverse-gap weighting).
         exploration_floor: eps, the weight of a uniform choice mixed into the rule's, so
@@ -80,6 +87,8 @@ class RofuConfig:
 
     def __post_init__(self) -> None:
         check_hypers(self)
+        if self.estimator in CLOSED_FORMS and not self.l2 > 0:
+            raise ValueError(f"l2 must be > 0 for estimator {self.estimator!r}, got {self.l2}")
 
     @property
     def rule(self) -> SelectionRule:

@@ -246,6 +246,11 @@ class Settings(_ModelSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _composes(self) -> Settings:
+        self.rofu_config()  # what only the whole config checks (a closed form's l2 > 0)
+        return self
+
     @property
     def is_sqlite(self) -> bool:
         """Whether the database is the embedded SQLite file."""

@@ -8,11 +8,12 @@ import torch
 
 from rofu.models import RegulariserData, RofuConfig, Transitions, rofu_scores
 from rofu.models.policies import LinUCB
+from rofu.models.prepared import prepare, score
 from rofu.models.rofu_closed import closed_gains, prepare_closed, span_share
 from rofu.models.rofu_config import regulariser_weights
 from rofu.models.rofu_kfac import kfac_gains, prepare_kfac
 from rofu.models.rofu_ntk import features
-from tests.factories import make_data, make_net
+from tests.factories import arm_features, make_data, make_net
 
 
 def _closed(net, contexts, data, config):
@@ -153,3 +154,36 @@ def test_rofu_kfac_follows_the_exact_closed_form_on_an_mlp():
     assert float(ratio.max() / ratio.min()) < 2.0  # 1.46 here: an approximation
     ranks = torch.stack([kfac.flatten().argsort().argsort(), exact.flatten().argsort().argsort()])
     assert float(torch.corrcoef(ranks.double())[0, 1]) > 0.9  # 0.95 here
+
+
+@pytest.mark.parametrize("estimator", ["ntk-closed", "ntk-kfac"])
+@pytest.mark.parametrize("form", ["per-arm", "arm features"])
+def test_rofu_scores_serves_the_closed_forms_through_prepare(estimator, form):
+    table = arm_features(5, 3) if form == "arm features" else None
+    net = make_net(hidden=(8,), n_arms=4, arm_feature_dim=3 if table is not None else 0)
+    data = make_data(60, 6, 5 if table is not None else 4, n_total=400)
+    config = RofuConfig(estimator=estimator, l2=0.5, regulariser="arm_count", stability_cap=1.0)
+    contexts = _contexts(3, 6)
+    direct = rofu_scores(net, contexts, data, config, torch.Generator(), arm_features=table)
+    prepared = prepare(net, data, config, torch.Generator(), arm_features=table)
+    served = score(prepared, contexts, torch.Generator())
+    assert prepared.config.step_size == config.step_size, "no step to resolve in a closed form"
+    assert float(direct.bonus.min()) > 0
+    torch.testing.assert_close(served.bonus, direct.bonus, rtol=1e-12, atol=0)
+    torch.testing.assert_close(served.mean, direct.mean, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("estimator", ["ntk-closed", "ntk-kfac"])
+def test_rofu_config_refuses_a_closed_form_without_l2(estimator):
+    with pytest.raises(ValueError, match=f"l2 must be > 0 for estimator '{estimator}'"):
+        RofuConfig(estimator=estimator)
+
+
+def test_rofu_settings_refuse_a_closed_form_without_l2_naming_it():
+    from pydantic import ValidationError
+
+    from rofu.service.settings import Settings
+
+    with pytest.raises(ValidationError, match="l2 must be > 0 for estimator 'ntk-closed'"):
+        Settings(estimator="ntk-closed", _env_file=None)
+    assert Settings(estimator="ntk-closed", l2=1.0).rofu_config().estimator == "ntk-closed"
