@@ -3,6 +3,8 @@
 `service` owns serve, migrate, trainer, pin, unpin and export and imports neither `replay` nor
 `benchmarks`; they are imported here only when their command runs, so an image installed
 without the `replay` extra still serves, and says what to install when asked to replay.
+The service itself is imported lazily too: with only the client installed (`pip install
+rofu`), its commands say to install the `server` extra instead of failing on an import.
 """
 
 from __future__ import annotations
@@ -11,11 +13,17 @@ import argparse
 import sys
 from collections.abc import Callable
 from importlib import import_module
+from types import ModuleType
 
-from rofu.service import cli as service_cli
-
+#: The service's commands (`rofu.service.cli`), which need the `server` extra.
+SERVER_COMMANDS = ("serve", "migrate", "trainer", "pin", "unpin", "export")
+#: What the service needs beyond the client (the `server` extra), as module names.
+SERVER_EXTRA = (
+    *("torch", "numpy", "safetensors", "pydantic_settings", "fastapi", "fastapi_offline"),
+    *("starlette", "uvicorn", "sqlalchemy", "alembic", "psycopg", "redis", "prometheus_client"),
+)
 #: What the harness needs beyond the service (the `replay` extra).
-REPLAY_EXTRA = ("scipy", "matplotlib", "pandas", "tqdm", "httpx")
+REPLAY_EXTRA = ("scipy", "matplotlib", "pandas", "tqdm")
 #: command -> (module, function taking the remaining arguments)
 HARNESS = {
     "replay": ("rofu.replay.cli", "main"),
@@ -29,11 +37,32 @@ BENCHMARKS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The parser of every sub-command (the harness's own parsers take their arguments)."""
+def _missing(exc: ModuleNotFoundError, extra: tuple[str, ...]) -> bool:
+    """Whether `exc` is one of `extra`'s packages missing (else a real error)."""
+    return exc.name is not None and exc.name.split(".")[0] in extra
+
+
+def service_cli() -> ModuleType | None:
+    """`rofu.service.cli`, or None when the `server` extra is not installed."""
+    try:
+        return import_module("rofu.service.cli")
+    except ModuleNotFoundError as exc:
+        if not _missing(exc, SERVER_EXTRA):
+            raise
+        return None
+
+
+def build_parser(service: ModuleType | None = None) -> argparse.ArgumentParser:
+    """The parser of every sub-command (the harness's own parsers take their arguments);
+    without the service, its commands take any arguments and say what to install."""
     parser = argparse.ArgumentParser(prog="rofu", description="rofu recommendation service")
     commands = parser.add_subparsers(dest="command", required=True)
-    service_cli.add_commands(commands)
+    service = service or service_cli()
+    if service is None:
+        for name in SERVER_COMMANDS:
+            commands.add_parser(name, add_help=False, help="needs the server extra")
+    else:
+        service.add_commands(commands)
     commands.add_parser(
         "replay", add_help=False, help="replay harness: benchmark bandits, regret reports"
     )
@@ -61,7 +90,7 @@ def _harness(module: str, function: str) -> Callable[[list[str]], int]:
     try:
         entry: Callable[[list[str]], int] = getattr(import_module(module), function)
     except ModuleNotFoundError as exc:
-        if exc.name is None or exc.name.split(".")[0] not in REPLAY_EXTRA:
+        if not _missing(exc, REPLAY_EXTRA + SERVER_EXTRA):
             raise
         print(
             f"rofu: this command needs the `replay` extra ({exc.name} is not installed): "
@@ -83,15 +112,23 @@ def _bench(parser: argparse.ArgumentParser, which: str | None, rest: list[str]) 
 
 def main(argv: list[str] | None = None) -> int:
     """Dispatch `rofu <command> ...`."""
-    parser = build_parser()
+    service = service_cli()
+    parser = build_parser(service)
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if args.command == "bench":
         return _bench(args.bench_parser, args.which, rest)
     if args.command in HARNESS:
         return _harness(*HARNESS[args.command])(rest)
+    if service is None:
+        print(
+            f"rofu {args.command}: this command needs the server: pip install 'rofu[server]'",
+            file=sys.stderr,
+        )
+        return 2
     if rest:
         parser.error(f"unrecognised arguments: {' '.join(rest)}")
-    return service_cli.run(args)
+    run: Callable[[argparse.Namespace], int] = service.run
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from rofu.client.schemas import DecisionRecord
 from rofu.models.checkpoint import CheckpointError
 from rofu.models.prepared import score
 from rofu.service.db.engine import SessionFactory
@@ -23,7 +24,8 @@ from rofu.service.deciding.catalogue import Catalogue, CatalogueCache
 from rofu.service.deciding.scoring import checkpoint_generator, prepare_served
 from rofu.service.deciding.snapshot import Snapshot
 from rofu.service.lifecycle.checkpoint_store import CheckpointStore
-from rofu.service.log.pages import EVERYTHING, LoggedDecision, Window, iter_decisions
+from rofu.service.log.pages import EVERYTHING, Window, iter_decisions
+from rofu.service.log.record import rule_probabilities
 from rofu.service.settings import Settings
 
 
@@ -102,7 +104,7 @@ def read_service_log(
     """
     catalogue = CatalogueCache(sessions, ttl_s=0.0).refresh()
     slots = {arm.id: arm.slot for arm in catalogue.arms}
-    rows: list[tuple[LoggedDecision, float]] = []
+    rows: list[tuple[DecisionRecord, float]] = []
     unrewarded = unactivated = 0
     for record in iter_decisions(sessions, window):
         reward = record.reward if record.reward is not None else default_reward
@@ -124,7 +126,7 @@ def read_service_log(
 
 
 def _arrays(
-    rows: list[tuple[LoggedDecision, float]],
+    rows: list[tuple[DecisionRecord, float]],
     catalogue: Catalogue,
     slots: dict[str, int],
     left_out: tuple[int, int],  # (unrewarded, unactivated)
@@ -137,7 +139,7 @@ def _arrays(
         candidates[i, columns] = True
         probabilities = record.probabilities
         logging[i, columns] = np.nan if probabilities is None else probabilities
-        own = record.rule_probabilities
+        own = rule_probabilities(record)
         rule[i, columns] = np.nan if own is None else own
     records = [record for record, _ in rows]
     return ServiceLog(

@@ -22,11 +22,11 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from rofu.client.schemas import ARM_ID_PATTERN
 from rofu.models import FitConfig, RewardNetConfig, RofuConfig
 from rofu.models.presets import PRESETS, PRODUCT, RofuPreset, get_preset
 from rofu.service.derived import SettingsPart, derived_settings, optional_settings
 
-ARM_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$"
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
 

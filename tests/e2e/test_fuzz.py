@@ -53,7 +53,7 @@ import pytest
 import schemathesis
 from schemathesis.engine import events, from_schema
 
-from rofu.service.api.schemas import EVENT_ID_PATTERN
+from rofu.client.schemas import EVENT_ID_PATTERN
 from rofu.service.settings import Settings
 from tests.support import seed_checkpoint, service_process
 

@@ -13,7 +13,7 @@ from rofu.service.db import rewards as reward_rows
 from rofu.service.db.engine import make_engine, session_factory
 from rofu.service.db.tables import DecisionRow
 from rofu.service.log.export import export
-from rofu.service.log.pages import Window, iter_decisions
+from rofu.service.log.pages import Window, iter_decisions, position
 from rofu.service.settings import Settings
 
 ARMS = ["arm-0", "arm-1", "arm-2", "arm-3"]
@@ -55,8 +55,8 @@ def test_export_pages_and_formats_on_postgres(pg_clean: str, tmp_path: Path) -> 
     finally:
         engine.dispose()
     expected = sorted((row.created_at, row.event_id) for row in rows)
-    assert [record.position for record in read] == expected
-    assert [record.position for record in middle] == expected[3:9]
+    assert [position(record) for record in read] == expected
+    assert [position(record) for record in middle] == expected[3:9]
     rewarded = {row.event_id: float(row.slot) for row in rows[::2]}
     assert {r.event_id: r.reward for r in read if r.reward is not None} == rewarded
     assert all(r.late is False for r in read if r.reward is not None)

@@ -11,10 +11,16 @@ from typing import Any
 import httpx
 import pytest
 
-import rofu.client as client_module
-from rofu.client import AsyncRofuClient, RofuClient, RofuError
-from rofu.service.api.schemas import ActivateResponse, SelectResponse
-from rofu.service.log.record import DecisionRecord
+from rofu.client import (
+    ActivateResponse,
+    AsyncRofuClient,
+    DecisionRecord,
+    RofuClient,
+    RofuError,
+    SelectResponse,
+    _async,
+    _sync,
+)
 from tests.support import app_client, seed_checkpoint
 
 DECISION = {
@@ -53,7 +59,7 @@ class Script:
 @pytest.fixture
 def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     slept: list[float] = []
-    monkeypatch.setattr(client_module.time, "sleep", slept.append)
+    monkeypatch.setattr(_sync.time, "sleep", slept.append)
     return slept
 
 
@@ -95,7 +101,7 @@ async def test_async_client_retries_the_same_way(monkeypatch):
     async def sleep(seconds: float) -> None:
         slept.append(seconds)
 
-    monkeypatch.setattr(client_module.asyncio, "sleep", sleep)
+    monkeypatch.setattr(_async.asyncio, "sleep", sleep)
     script = Script((503, {"Retry-After": "1"}), (200, {}))
     async with AsyncRofuClient("http://rofu", transport=httpx.MockTransport(script)) as rofu:
         decision = await rofu.select([0.3], event_id="mine")
@@ -254,7 +260,7 @@ async def test_async_client_exports_and_activates(monkeypatch):
     async def sleep(seconds: float) -> None:
         pass
 
-    monkeypatch.setattr(client_module.asyncio, "sleep", sleep)
+    monkeypatch.setattr(_async.asyncio, "sleep", sleep)
     log = Log()
     async with AsyncRofuClient("http://rofu", transport=httpx.MockTransport(log)) as rofu:
         events = [record.event_id async for record in rofu.export(page_size=2)]

@@ -16,6 +16,8 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -994,6 +996,20 @@ def test_dockerfile_is_multi_stage_with_cpu_and_cuda_targets() -> None:
     builder = stages[names.index("builder")]
     (cpu_torch,) = [a for k, a in builder if k == "ARG" and a.startswith("TORCH_SPEC=")]
     assert "download.pytorch.org/whl/cpu" in cpu_torch
+
+
+def test_dockerfile_installs_the_servers_dependencies() -> None:
+    # The base dependencies are the client's; the image serves, so it needs the server extra.
+    programs = re.findall(r'python -c "([^"]+)" > /tmp/requirements.txt', DOCKERFILE.read_text())
+    assert len(programs) == 2, "one requirements list per builder (CPU and CUDA)"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    expected = project["dependencies"] + project["optional-dependencies"]["server"]
+    assert any(line.startswith("torch") for line in expected)
+    for program in programs:
+        printed = subprocess.run(
+            [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, check=True
+        )
+        assert printed.stdout.splitlines() == expected
 
 
 @pytest.mark.parametrize("target", ["runtime", "cuda"])

@@ -18,11 +18,12 @@ from pydantic import SecretStr
 from sqlalchemy import event
 
 from rofu import cli
+from rofu.client.schemas import DecisionRecord
 from rofu.service.db import repository
 from rofu.service.db.engine import make_engine, session_factory
 from rofu.service.db.tables import DecisionRow
 from rofu.service.log.export import export
-from rofu.service.log.pages import EVERYTHING, LoggedDecision, Window, iter_decisions, read_page
+from rofu.service.log.pages import EVERYTHING, Window, iter_decisions, position, read_page
 from rofu.service.settings import Settings, get_settings
 from tests.support import app_client, seed_checkpoint
 
@@ -62,7 +63,7 @@ async def logged(sqlite_settings: Settings) -> Settings:
     return sqlite_settings
 
 
-def _records(settings: Settings, window: Window = EVERYTHING) -> list[LoggedDecision]:
+def _records(settings: Settings, window: Window = EVERYTHING) -> list[DecisionRecord]:
     engine = make_engine(settings.database_url)
     try:
         return list(iter_decisions(session_factory(engine), window, page_size=5))
@@ -100,11 +101,11 @@ def test_decision_log_pages_by_time_then_event_id(sqlite_settings: Settings) -> 
     try:
         read = list(iter_decisions(sessions, page_size=3))
         expected = sorted((r.created_at, r.event_id) for r in rows)
-        assert [r.position for r in read] == expected
+        assert [position(r) for r in read] == expected
         assert sum("FROM decisions" in s for s in statements) == 4  # 3 + 3 + 3 + 2: pages
         assert all("LIMIT" in s for s in statements if "FROM decisions" in s)
         window = Window(start + timedelta(seconds=1), start + timedelta(seconds=3))
-        assert [r.position for r in read_page(sessions, window, None, 100)] == expected[3:9]
+        assert [position(r) for r in read_page(sessions, window, None, 100)] == expected[3:9]
         assert read[0].probabilities == [0.25] * 4  # a cold start is uniform
     finally:
         engine.dispose()
@@ -133,7 +134,7 @@ async def test_decisions_endpoint_pages_the_log_with_an_opaque_cursor(logged: Se
         exported = _records(logged)
         assert [r.event_id for r in exported] == [r["event_id"] for r in served]
         for record, row in zip(exported, served, strict=True):
-            assert (row["reward"], row["arm"]) == (record.reward, record.arm_id)
+            assert (row["reward"], row["arm"]) == (record.reward, record.arm)
             assert row["probabilities"] == record.probabilities
             assert datetime.fromisoformat(row["created_at"]) == record.created_at
         cold, rofu = served[0], served[-1]

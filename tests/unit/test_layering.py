@@ -13,6 +13,7 @@ FORBIDDEN = {
     "rofu.models": ("rofu.service", "rofu.replay", "rofu.bench", "rofu.evaluation", "rofu.client"),
     "rofu.service": ("rofu.replay", "rofu.bench", "rofu.evaluation"),
     "rofu.replay": ("rofu.service", "rofu.bench", "rofu.evaluation"),
+    "rofu.client": ("rofu.models", "rofu.service", "rofu.replay", "rofu.bench", "rofu.evaluation"),
 }
 
 

@@ -15,7 +15,7 @@ import pytest
 from fastapi import FastAPI
 from sqlalchemy import text
 
-from rofu.service.api.schemas import ArmProbability, SelectResponse
+from rofu.client.schemas import ArmProbability, SelectResponse
 from rofu.service.errors import Conflict, InvalidInput
 from rofu.service.personalizer.facade import Fields, ranking, translate
 from rofu.service.personalizer.features import merge

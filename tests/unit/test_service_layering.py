@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 HARNESS = ("rofu.replay", "rofu.bench", "rofu.evaluation")
-REPLAY_EXTRA = ("scipy", "matplotlib", "pandas", "tqdm", "httpx")
+REPLAY_EXTRA = ("scipy", "matplotlib", "pandas", "tqdm")
 
 
 def test_service_and_the_rofu_command_run_without_the_replay_extra():

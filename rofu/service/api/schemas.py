@@ -1,52 +1,28 @@
-"""Request and response bodies of the v1 API (the OpenAPI schema is generated from these).
+"""The service's side of the v1 API's bodies: the wire schemas are `rofu.client.schemas`
+(the OpenAPI schema is generated from them); here is what only the service checks.
 
-Requests are strict: numbers must be JSON numbers (no strings, no NaN or Infinity), and
-unknown fields are refused, so a typo never passes silently.
+A /v1/select request's features are validated the service's way: a dense vector as
+strict, finite float32 numbers, a named object by `rofu.service.deciding.features`, whose
+errors name the offending key (`context.user.age`). Their lengths are checked later,
+against the settings (`rofu.service.deciding.select.vectors`).
 """
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, WrapValidator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from rofu.models.scores import ArmScore
+from rofu.client.schemas import ErrorResponse, Feature, NamedContext, SelectFields
 from rofu.service.deciding import features
-from rofu.service.settings import ARM_ID_PATTERN
 
-EVENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$"
-EventId = Annotated[
-    str,
-    Field(
-        pattern=EVENT_ID_PATTERN,
-        description="Client idempotency key: 1-128 characters of [A-Za-z0-9_.:-]",
-        examples=["order-1234"],
-    ),
-]
-ArmId = Annotated[str, Field(pattern=ARM_ID_PATTERN, examples=["arm-0"])]
-Finite = Annotated[float, Field(allow_inf_nan=False)]
-FLOAT32_MAX = 3.4028234663852886e38
-# Context features go through the network in float32: larger magnitudes would be infinite.
-Feature = Annotated[float, Field(allow_inf_nan=False, ge=-FLOAT32_MAX, le=FLOAT32_MAX)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-
-# A named feature's value, and named features (documented in `rofu.service.deciding.features`).
-FeatureValue = float | bool | str | list[str] | list[float] | None
-NamedFeatures = dict[str, FeatureValue]
-NamedContext = dict[str, NamedFeatures | FeatureValue]
 _DENSE: TypeAdapter[list[float]] = TypeAdapter(list[Feature], config=ConfigDict(strict=True))
 
 
 def _dense_or_named(value: Any, _handler: Any) -> list[float] | dict[str, object]:
-    """A dense list of numbers, or a named object validated by `rofu.service.deciding.features`
-    (whose
-    errors name the offending key: `context.user.age`)."""
+    """A dense list of numbers, or a named object validated by
+    `rofu.service.deciding.features` (whose errors name the offending key)."""
     if isinstance(value, dict):
         try:
             return features.normalise(value, path="")
@@ -64,164 +40,8 @@ def _dense_or_named(value: Any, _handler: Any) -> list[float] | dict[str, object
 Features = Annotated[list[Feature] | NamedContext, WrapValidator(_dense_or_named)]
 
 
-class SelectRequest(_Strict):
+class SelectRequest(SelectFields[Features]):
     """Which arm should this context get?"""
-
-    context: Annotated[
-        Features,
-        Field(
-            description="A feature vector of the configured context_dim, or an object of "
-            "named features (namespaces of numbers, booleans, strings and lists) hashed "
-            "into it (see the README, `Named features`)",
-            examples=[
-                [0.1, -0.4, 1.0, 0.0, 0.3, 0.2, -1.2, 0.5],
-                {"user": {"age": 31, "country": "fr"}, "device": {"mobile": True}},
-            ],
-        ),
-    ]
-    event_id: EventId | None = Field(
-        default=None, description="Same key -> same decision; generated when omitted"
-    )
-    arms: list[ArmId] | None = Field(
-        default=None, description="Candidate subset (default: every active arm)"
-    )
-    exclude: list[ArmId] | None = Field(default=None, description="Arms not to choose")
-    explore: bool = Field(
-        default=True, description="False: choose by the mean alone (exploit); still logged"
-    )
-    baseline_arm: ArmId | None = Field(
-        default=None,
-        description="The app's own choice, one of the candidates: served in apprentice mode "
-        "(ROFU_LEARNING_MODE=apprentice, where it is required), recorded for comparison in "
-        "online mode",
-    )
-    defer: bool = Field(
-        default=False,
-        description="True: trained on only once POST /v1/events/{event_id}/activate "
-        "activates it within the reward window (the app may not show the choice)",
-    )
-    arm_features: dict[ArmId, Features] | None = Field(
-        default=None,
-        description="Per-request arm features (arm-feature models only): candidate arm id "
-        "-> arm_feature_dim numbers, or named features hashed into them; they replace "
-        "the catalogue's features of that arm for this decision, and are trained on",
-        examples=[{"arm-0": {"price": 9.5, "category": "shoes"}}],
-    )
-
-
-class ArmProbability(BaseModel):
-    """The probability with which the service's rule picks one candidate."""
-
-    arm: str
-    probability: float
-
-
-class SelectResponse(BaseModel):
-    """The decision, the scores it was made from and every candidate's probability."""
-
-    event_id: str
-    arm: str
-    model_version: int = Field(description="Checkpoint version used; 0 before any exists")
-    propensity: float = Field(description="Probability with which this arm was chosen")
-    explore: bool
-    policy: str = Field(description="`rofu`, or `cold-start` (uniform) before any model")
-    scores: list[ArmScore]  # per candidate; mean, bonus and ucb null on a cold start
-    probabilities: list[ArmProbability] | None = Field(
-        default=None,
-        description="Per candidate, in the order of `scores`: the exact probability with "
-        "which the rule picks it (the chosen arm's is `propensity`); null for decisions "
-        "logged before probabilities were stored",
-    )
-    baseline_arm: str | None = Field(default=None, description="The request's baseline_arm")
-    rofu_arm: str | None = Field(
-        default=None,
-        description="Apprentice mode: the arm rofu's own rule chose (not served); else null",
-    )
-    deferred: bool = Field(
-        default=False, description="Logged with `defer`: awaits activation to be trained on"
-    )
-
-
-class RewardRequest(_Strict):
-    """How did the decision of `event_id` go?"""
-
-    event_id: EventId
-    value: Finite = Field(description="The reward; any finite number", examples=[1.0])
-
-
-class RewardResponse(BaseModel):
-    """The stored reward. `duplicate` marks a repeat of an already stored value."""
-
-    event_id: str
-    value: float
-    duplicate: bool
-    late: bool = Field(
-        default=False,
-        description="The reward came after the decision's window closed or after a "
-        "checkpoint consumed the decision: stored, but never trained on",
-    )
-
-
-class ActivateResponse(BaseModel):
-    """What POST /v1/events/{event_id}/activate did."""
-
-    event_id: str
-    status: Literal["activated", "already_active", "late"] = Field(
-        description="`activated`: the decision is active and will be trained on; "
-        "`already_active`: it was never deferred, or an earlier call activated it; "
-        "`late`: activated after its window closed or after the trainer consumed it: "
-        "stored, but never trained on or evaluated"
-    )
-    deferred: bool = Field(description="Whether the decision was logged with `defer`")
-    activated_at: datetime | None = Field(
-        description="The first activation's time; null for a decision never deferred"
-    )
-    duplicate: bool = Field(description="An earlier activation was stored: nothing changed")
-
-
-class ArmRequest(_Strict):
-    """A new arm for the catalogue."""
-
-    id: ArmId
-    features: list[Finite] | None = Field(
-        default=None, description="Required (length arm_feature_dim) for arm-feature models"
-    )
-
-
-class ArmResponse(BaseModel):
-    """An arm of the catalogue."""
-
-    id: str
-    slot: int
-    features: list[float] | None
-    active: bool
-
-
-class ModelResponse(BaseModel):
-    """The model this replica serves."""
-
-    version: int = Field(description="0: no checkpoint yet (cold start, uniform choices)")
-    checksum: str | None
-    created_at: float | None = Field(description="Unix time the trainer made it")
-    age_seconds: float | None
-    n_data: int = Field(description="|D|, logged transitions the checkpoint learned from")
-    network: dict[str, object]
-    rofu: dict[str, object]
-    feature_hash_seed: int = Field(
-        description="The seed named features are hashed with (ROFU_FEATURE_HASH_SEED)"
-    )
-
-
-class CheckpointInfo(BaseModel):
-    """A stored checkpoint's metadata."""
-
-    version: int
-    created_at: float
-    checksum: str
-    size_bytes: int
-    rows_trained: int
-    n_total: int
-    metrics: dict[str, float]
 
 
 class HealthResponse(BaseModel):
@@ -229,20 +49,6 @@ class HealthResponse(BaseModel):
 
     status: str
     checks: dict[str, str] = Field(default_factory=dict)
-
-
-class ErrorBody(BaseModel):
-    """What every error response carries."""
-
-    code: str
-    message: str
-    field: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    """The body of every 4xx/5xx response."""
-
-    error: ErrorBody
 
 
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:

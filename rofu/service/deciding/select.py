@@ -13,9 +13,11 @@ import json
 
 from starlette.concurrency import run_in_threadpool
 
+from rofu.client import schemas as wire
+from rofu.client.schemas import ArmProbability, SelectResponse
 from rofu.models.scores import ArmScore
 from rofu.service.api.deadline import within
-from rofu.service.api.schemas import ArmProbability, SelectRequest, SelectResponse
+from rofu.service.api.schemas import SelectRequest
 from rofu.service.db.tables import DecisionRow
 from rofu.service.deciding import features
 from rofu.service.deciding.batch import Pending, Result
@@ -129,7 +131,7 @@ def response(row: DecisionRow) -> SelectResponse:
         propensity=row.propensity,
         explore=row.explore,
         policy=row.policy,
-        scores=stored_scores(row),
+        scores=[wire.ArmScore.model_validate(score) for score in stored_scores(row)],
         probabilities=None
         if row.probabilities is None
         else [

@@ -1,4 +1,5 @@
-"""The decision log as records: each decision joined with its reward, read in pages.
+"""The decision log as records (`DecisionRecord`): each decision joined with its reward,
+read in pages.
 
 Pages follow the key (created_at, event_id): each page is one short query starting after
 the last record of the one before, so a reader of any size holds one page at a time and
@@ -15,20 +16,16 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from sqlalchemy import and_, or_, select
 
-from rofu.models.scores import ArmScore
-from rofu.service.api.schemas import EVENT_ID_PATTERN
+from rofu.client.schemas import EVENT_ID_PATTERN, DecisionRecord
 from rofu.service.db.engine import SessionFactory
 from rofu.service.db.repository import database_errors
-from rofu.service.db.tables import DecisionRow, RewardRow, is_active
-from rofu.service.deciding.apprentice import APPRENTICE
-from rofu.service.deciding.select import stored_scores
+from rofu.service.db.tables import DecisionRow, RewardRow
 from rofu.service.errors import InvalidInput
+from rofu.service.log.record import decision_record
 
-COLD_START = "cold-start"
 Position = tuple[datetime, str]  # (created_at, event_id) of a page's last record
 
 
@@ -44,77 +41,9 @@ class Window:
 EVERYTHING = Window()
 
 
-@dataclass(frozen=True)
-class LoggedDecision:
-    """One logged decision and what came of it.
-
-    Attributes:
-        probabilities: per candidate, in `candidates` order, the probability with which
-            the service's rule picked it; None when only `propensity` is known (rows
-            logged before probabilities were stored, unless they are implied: a cold
-            start is uniform, a propensity of 1 leaves the others 0).
-        reward: the stored reward, None when none arrived.
-        late: whether the reward came after the decision's window (None: not recorded).
-        baseline_arm: the app's own choice the request carried (None: none).
-        rofu_arm, rofu_probabilities: in apprentice mode, which served the baseline, what
-            rofu's rule would have chosen and its probabilities (None otherwise).
-        deferred: logged with `defer`: trained on and evaluated only once activated.
-        activated_at: a deferred decision's first activation (None: never activated).
-        activation_late: the activation came after the window or after the trainer
-            consumed the decision.
-        named_context: the named features the request sent, as validated (`context` is
-            their hashed vector); None for a dense context.
-        arm_features: candidate arm id -> the features it was scored with, for the
-            candidates the request gave its own (the others had the catalogue's).
-    """
-
-    event_id: str
-    created_at: datetime
-    context: list[float]
-    candidates: list[str]
-    arm_id: str
-    slot: int
-    propensity: float
-    probabilities: list[float] | None
-    model_version: int
-    policy: str
-    explore: bool
-    scores: list[ArmScore]
-    reward: float | None
-    reward_received_at: datetime | None
-    late: bool | None
-    baseline_arm: str | None = None
-    rofu_arm: str | None = None
-    rofu_probabilities: list[float] | None = None
-    deferred: bool = False
-    activated_at: datetime | None = None
-    activation_late: bool = False
-    named_context: dict[str, Any] | None = None
-    arm_features: dict[str, list[float]] | None = None
-
-    @property
-    def rule_probabilities(self) -> list[float] | None:
-        """Rofu's own rule's probabilities per candidate: those it served by, or in
-        apprentice mode those it would have (None where not logged)."""
-        if self.policy == APPRENTICE:
-            return self.rofu_probabilities
-        return self.probabilities
-
-    @property
-    def active(self) -> bool:
-        """Whether the decision counts (training, evaluation, OBP rounds): not deferred,
-        or activated in time. DSJSON marks the others `_skipLearn`."""
-        return is_active(self.deferred, self.activated_at, self.activation_late)
-
-    @property
-    def chosen_index(self) -> int:
-        """The chosen arm's position among the candidates."""
-        return self.candidates.index(self.arm_id)
-
-    @property
-    def position(self) -> Position:
-        """This record's place in the log's order."""
-        return self.created_at, self.event_id
+def position(record: DecisionRecord) -> Position:
+    """A record's place in the log's order."""
+    return record.created_at, record.event_id
 
 
 def utc(moment: datetime, field: str = "since") -> datetime:
@@ -155,7 +84,7 @@ def parse_moment(text: str, field: str) -> datetime:
 
 def read_page(
     sessions: SessionFactory, window: Window, after: Position | None, limit: int
-) -> list[LoggedDecision]:
+) -> list[DecisionRecord]:
     """Up to `limit` records of the window after `after`, in log order (one query)."""
     query = (
         select(DecisionRow, RewardRow)
@@ -177,12 +106,12 @@ def read_page(
         )
 
     with database_errors(), sessions() as session, session.begin():
-        return [record(d, r) for d, r in session.execute(query)]
+        return [decision_record(d, r) for d, r in session.execute(query)]
 
 
 def iter_decisions(
     sessions: SessionFactory, window: Window = EVERYTHING, *, page_size: int = 1000
-) -> Iterator[LoggedDecision]:
+) -> Iterator[DecisionRecord]:
     """Every record of the window in log order, one page in memory at a time."""
     after: Position | None = None
     while True:
@@ -190,55 +119,7 @@ def iter_decisions(
         yield from page
         if len(page) < page_size:
             return
-        after = page[-1].position
-
-
-def record(decision: DecisionRow, reward: RewardRow | None) -> LoggedDecision:
-    """The record of a decision row and its reward row."""
-    return LoggedDecision(
-        event_id=decision.event_id,
-        created_at=decision.created_at,
-        context=[float(v) for v in decision.context],
-        candidates=list(decision.candidates),
-        arm_id=decision.arm_id,
-        slot=decision.slot,
-        propensity=decision.propensity,
-        probabilities=_probabilities(decision),
-        model_version=decision.model_version,
-        policy=decision.policy,
-        explore=decision.explore,
-        scores=stored_scores(decision),
-        reward=None if reward is None else reward.value,
-        reward_received_at=None if reward is None else reward.received_at,
-        late=None if reward is None else _optional_bool(getattr(reward, "late", None)),
-        baseline_arm=decision.baseline_arm,
-        rofu_arm=decision.rofu_arm,
-        rofu_probabilities=None
-        if decision.rofu_probabilities is None
-        else [float(p) for p in decision.rofu_probabilities],
-        deferred=decision.deferred,
-        activated_at=decision.activated_at,
-        activation_late=decision.activation_late,
-        named_context=decision.named_context,
-        arm_features=decision.arm_features,
-    )
-
-
-def _probabilities(decision: DecisionRow) -> list[float] | None:
-    # The column arrives with migration 0004; older rows (and databases) lack it.
-    logged: Any = getattr(decision, "probabilities", None)
-    if logged is not None:
-        return [float(p) for p in logged]
-    k = len(decision.candidates)
-    if decision.policy == COLD_START:
-        return [1.0 / k] * k
-    if decision.propensity >= 1.0:
-        return [float(arm == decision.arm_id) for arm in decision.candidates]
-    return None
-
-
-def _optional_bool(value: Any) -> bool | None:
-    return None if value is None else bool(value)
+        after = position(page[-1])
 
 
 # Cursors: an opaque token for the position after which the next page starts --------------

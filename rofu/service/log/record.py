@@ -1,102 +1,85 @@
-"""The API's (and the client's) view of a logged decision: a row of `GET /v1/decisions`.
+"""A decision's one record (`rofu.client.schemas.DecisionRecord`), built from its rows.
 
-Kept apart from the route so that `rofu.client` reads typed rows without the web stack.
+Every field of the record is the decision column of the same name, unless `DERIVED`
+says how it is made from the rows (a renamed column, the reward's, or a value computed
+from several). The decision columns the record leaves out are `INTERNAL`, as are the
+reward row's own bookkeeping columns, so adding a column is one field of the record
+(plus the table's column and its migration); `tests/unit/test_decision_record.py` holds
+the three to each other.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-from pydantic import BaseModel, Field
+from rofu.client.schemas import DecisionRecord
+from rofu.service.db.tables import DecisionRow, RewardRow
+from rofu.service.deciding.apprentice import APPRENTICE
+from rofu.service.deciding.select import stored_scores
 
-from rofu.models.scores import ArmScore
+COLD_START = "cold-start"
+#: Decision columns the log does not carry: the idempotency digest, the trainer's mark.
+INTERNAL = frozenset({"decisions.request_hash", "decisions.trained_in"})
+#: Reward columns the log does not carry (the value, time and lateness are `DERIVED`).
+INTERNAL_REWARD = frozenset({"rewards.id", "rewards.event_id", "rewards.repeats"})
 
-if TYPE_CHECKING:
-    from rofu.service.log.pages import LoggedDecision
+
+@dataclass(frozen=True)
+class Derivation:
+    """How one record field is made from the rows, and the columns (`table.column`) read."""
+
+    columns: tuple[str, ...]
+    of: Callable[[DecisionRow, RewardRow | None], Any]
 
 
-class DecisionRecord(BaseModel):
-    """A logged decision and its reward (the rows `rofu export` writes)."""
+def _probabilities(decision: DecisionRow) -> list[float] | None:
+    """The logged probabilities, or those a row logged before 0004 implies (a cold start is
+    uniform, a propensity of 1 leaves the others 0); None when only `propensity` is known."""
+    if decision.probabilities is not None:
+        return decision.probabilities
+    k = len(decision.candidates)
+    if decision.policy == COLD_START:
+        return [1.0 / k] * k
+    if decision.propensity >= 1.0:
+        return [float(arm == decision.arm_id) for arm in decision.candidates]
+    return None
 
-    event_id: str
-    created_at: datetime
-    context: list[float]
-    candidates: list[str]
-    arm: str
-    slot: int
-    propensity: float
-    probabilities: list[float] | None = Field(
-        description="Per candidate, in `candidates` order; null when only `propensity` is known"
-    )
-    model_version: int
-    policy: str
-    explore: bool
-    scores: list[ArmScore]
-    reward: float | None
-    reward_received_at: datetime | None
-    late: bool | None = Field(description="The reward came after the decision's window")
-    baseline_arm: str | None = Field(
-        default=None, description="The app's own choice the request carried"
-    )
-    rofu_arm: str | None = Field(
-        default=None,
-        description="Apprentice mode (policy `apprentice`, the baseline served): the arm "
-        "rofu's rule would have chosen; else null",
-    )
-    rofu_probabilities: list[float] | None = Field(
-        default=None,
-        description="Apprentice mode: rofu's rule's probabilities per candidate; else null",
-    )
-    named_context: dict[str, Any] | None = Field(
-        default=None,
-        description="The named features the request sent (`context` is their hashed "
-        "vector); null for a dense context",
-    )
-    arm_features: dict[str, list[float]] | None = Field(
-        default=None,
-        description="Candidate arm id -> the features it was scored with, for the arms "
-        "the request gave its own; null when all had the catalogue's",
-    )
-    deferred: bool = Field(default=False, description="Logged with `defer`")
-    activated_at: datetime | None = Field(
-        default=None, description="A deferred decision's first activation; null: none"
-    )
-    activation_late: bool = Field(
-        default=False, description="Activated after its window or after the trainer consumed it"
-    )
-    active: bool = Field(
-        default=True,
-        description="Trained on and evaluated: not deferred, or activated in time (false: "
-        "a deferred decision not activated in time, left out of training and evaluation)",
-    )
 
-    @classmethod
-    def of(cls, record: LoggedDecision) -> DecisionRecord:
-        """The API view of a record."""
-        return cls(
-            event_id=record.event_id,
-            created_at=record.created_at,
-            context=record.context,
-            candidates=record.candidates,
-            arm=record.arm_id,
-            slot=record.slot,
-            propensity=record.propensity,
-            probabilities=record.probabilities,
-            model_version=record.model_version,
-            policy=record.policy,
-            explore=record.explore,
-            scores=record.scores,
-            reward=record.reward,
-            reward_received_at=record.reward_received_at,
-            late=record.late,
-            baseline_arm=record.baseline_arm,
-            rofu_arm=record.rofu_arm,
-            rofu_probabilities=record.rofu_probabilities,
-            named_context=record.named_context,
-            arm_features=record.arm_features,
-            deferred=record.deferred,
-            activated_at=record.activated_at,
-            activation_late=record.activation_late,
-            active=record.active,
-        )
+def _of_reward(name: str) -> Derivation:
+    """The reward row's column `name`; None without a reward."""
+    return Derivation((f"rewards.{name}",), lambda _, r: None if r is None else getattr(r, name))
+
+
+#: Record field -> how it is derived, where it is not the decision column of its name.
+DERIVED: dict[str, Derivation] = {
+    "arm": Derivation(("decisions.arm_id",), lambda d, _: d.arm_id),
+    "probabilities": Derivation(
+        tuple(f"decisions.{c}" for c in ("probabilities", "candidates", "policy", "propensity")),
+        lambda d, _: _probabilities(d),
+    ),
+    "scores": Derivation(("decisions.scores",), lambda d, _: stored_scores(d)),
+    "reward": _of_reward("value"),
+    "reward_received_at": _of_reward("received_at"),
+    "late": _of_reward("late"),
+    "active": Derivation(
+        ("decisions.deferred", "decisions.activated_at", "decisions.activation_late"),
+        lambda d, _: d.active,
+    ),
+}
+#: The record fields copied from the decision column of the same name.
+COPIED = tuple(name for name in DecisionRecord.model_fields if name not in DERIVED)
+
+
+def decision_record(decision: DecisionRow, reward: RewardRow | None) -> DecisionRecord:
+    """The record of a decision row and its reward row (None: no reward yet)."""
+    values = {name: getattr(decision, name) for name in COPIED}
+    values |= {name: derived.of(decision, reward) for name, derived in DERIVED.items()}
+    return DecisionRecord.model_validate(values)
+
+
+def rule_probabilities(record: DecisionRecord) -> list[float] | None:
+    """Rofu's own rule's probabilities per candidate: those it served by, or in apprentice
+    mode those it would have (None where not logged)."""
+    return record.rofu_probabilities if record.policy == APPRENTICE else record.probabilities

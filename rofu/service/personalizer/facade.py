@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from rofu.service.api.schemas import EVENT_ID_PATTERN, SelectRequest, SelectResponse
+from rofu.client.schemas import ARM_ID_PATTERN, EVENT_ID_PATTERN, SelectResponse
+from rofu.service.api.schemas import SelectRequest
 from rofu.service.db.engine import SessionFactory
 from rofu.service.deciding.batch import Pending, Result
 from rofu.service.deciding.batcher import MicroBatcher
@@ -46,7 +47,7 @@ from rofu.service.personalizer.features import Merged, merge
 from rofu.service.personalizer.schemas import EVENT_ID_RULE, RankedAction, RankRequest, RankResponse
 from rofu.service.rewards.activation import Activation, activate
 from rofu.service.rewards.record import RewardBatcher, RewardOutcome, record_reward
-from rofu.service.settings import ARM_ID_PATTERN, Settings
+from rofu.service.settings import Settings
 
 REGISTER = "actions must be active arms of this service: register them with POST /v1/arms"
 RENAMED = {"event_id": "eventId", "defer": "deferActivation", "baseline_arm": "actions"}

@@ -28,7 +28,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 from starlette.responses import JSONResponse, Response
 
-from rofu.service.api.schemas import EVENT_ID_PATTERN
+from rofu.client.schemas import EVENT_ID_PATTERN
 
 PREFIX = "/personalizer/v1.0"
 SERVED = (

@@ -16,8 +16,8 @@ import re
 
 from starlette.concurrency import run_in_threadpool
 
+from rofu.client.schemas import EVENT_ID_PATTERN
 from rofu.service.api.deadline import within
-from rofu.service.api.schemas import EVENT_ID_PATTERN
 from rofu.service.db.deferral import Activation, activate_decision
 from rofu.service.db.engine import SessionFactory
 from rofu.service.errors import InvalidInput

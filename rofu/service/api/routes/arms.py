@@ -9,6 +9,7 @@ import redis
 from fastapi import APIRouter, Path
 from starlette.concurrency import run_in_threadpool
 
+from rofu.client.schemas import ARM_ID_PATTERN, ArmRequest, ArmResponse
 from rofu.service.api.deps import (
     AdminAuth,
     CatalogueDep,
@@ -18,13 +19,12 @@ from rofu.service.api.deps import (
     SettingsDep,
 )
 from rofu.service.api.routes import API_PREFIX
-from rofu.service.api.schemas import ArmRequest, ArmResponse, error_responses
+from rofu.service.api.schemas import error_responses
 from rofu.service.db import repository
 from rofu.service.db.tables import ArmRow
 from rofu.service.deciding.catalogue import ARMS_NOTICE, CatalogueCache
 from rofu.service.errors import InvalidInput
 from rofu.service.lifecycle.redis_bus import RedisBus
-from rofu.service.settings import ARM_ID_PATTERN
 
 router = APIRouter(prefix=f"{API_PREFIX}/arms", tags=["arms"])
 ERRORS = error_responses(401, 403, 404, 409, 422, 503)

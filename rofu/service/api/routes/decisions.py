@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from rofu.client.schemas import DecisionRecord
 from rofu.service.api.deps import AdminAuth, SessionsDep
 from rofu.service.api.routes import API_PREFIX
 from rofu.service.api.schemas import error_responses
@@ -17,9 +18,9 @@ from rofu.service.log.pages import (
     decode_cursor,
     encode_cursor,
     parse_moment,
+    position,
     read_page,
 )
-from rofu.service.log.record import DecisionRecord
 
 MAX_PAGE = 1000
 router = APIRouter(
@@ -63,7 +64,7 @@ async def decisions(
     if len(page) > limit:
         page = page[:limit]
         following = request.url.include_query_params(
-            limit=limit, cursor=encode_cursor(page[-1].position)
+            limit=limit, cursor=encode_cursor(position(page[-1]))
         )
         response.headers["Link"] = f'<{following.path}?{following.query}>; rel="next"'
-    return [DecisionRecord.of(record) for record in page]
+    return page

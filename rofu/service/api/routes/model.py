@@ -9,9 +9,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from rofu.client.schemas import CheckpointInfo, ModelResponse
 from rofu.service.api.deps import ClientAuth, SessionsDep, SettingsDep, SnapshotDep
 from rofu.service.api.routes import API_PREFIX
-from rofu.service.api.schemas import CheckpointInfo, ModelResponse, error_responses
+from rofu.service.api.schemas import error_responses
 from rofu.service.db import repository
 
 MAX_PAGE = 500

@@ -14,6 +14,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Response
 
+from rofu.client.schemas import EVENT_ID_PATTERN
 from rofu.service.api.deps import (
     BatcherDep,
     MetricsDep,
@@ -22,7 +23,6 @@ from rofu.service.api.deps import (
     SettingsDep,
     SubscriberAuth,
 )
-from rofu.service.api.schemas import EVENT_ID_PATTERN
 from rofu.service.personalizer import facade as personalizer
 from rofu.service.personalizer.schemas import (
     ERRORS,

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from rofu.client.schemas import RewardRequest, RewardResponse
 from rofu.service.api.deps import ClientAuth, MetricsDep, RewardBatcherDep, SettingsDep
 from rofu.service.api.routes import API_PREFIX
-from rofu.service.api.schemas import RewardRequest, RewardResponse, error_responses
+from rofu.service.api.schemas import error_responses
 from rofu.service.rewards.record import record_reward
 
 router = APIRouter(prefix=API_PREFIX, tags=["decisions"], dependencies=[ClientAuth])

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from rofu.client.schemas import SelectResponse
 from rofu.service.api.deps import BatcherDep, ClientAuth, MetricsDep, SettingsDep
 from rofu.service.api.routes import API_PREFIX
-from rofu.service.api.schemas import SelectRequest, SelectResponse, error_responses
+from rofu.service.api.schemas import SelectRequest, error_responses
 from rofu.service.deciding.select import decide
 
 router = APIRouter(prefix=API_PREFIX, tags=["decisions"], dependencies=[ClientAuth])

@@ -11,27 +11,32 @@ when only the chosen arm's is known). A rewarded event carries VW's label:
 `_multi`), and the outcome in `o`. An event without a reward has no label, so VW only
 predicts on it. A deferred decision not activated in time carries `"_skipLearn": true`,
 as Personalizer's logs do: VW's reader skips the event, so VW never learns from it (and
-rofu never trains on or evaluates it). VW ignores the `rofu` object, which keeps what VW
-has no field for: the policy, the per-arm scores, the late flag, the activation,
-apprentice mode's baseline and rofu's choice, the named context as sent (`c` holds
-its hashed vector, what the model read).
+rofu never trains on or evaluates it). VW ignores the `rofu` object, which keeps every
+other field of the decision's record (`rofu.client.schemas.DecisionRecord`): the policy,
+the per-arm scores, the late flag, the activation, apprentice mode's baseline and rofu's
+choice, the named context as sent (`c` holds its hashed vector, what the model read).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, TextIO
 
-from rofu.service.log.pages import LoggedDecision
+from rofu.client.schemas import DecisionRecord
 
 #: DSJSON's format version (VW's `Version` field), not the model's.
 DSJSON_VERSION = "1"
+#: Record fields the `rofu` object leaves out: VW's own fields carry them (`EventId`,
+#: `Timestamp`, `c`, `a`, `_skipLearn`), or, for `slot`, a DSJSON reader has no use for it.
+NOT_IN_EXTENSION = frozenset(
+    {"event_id", "created_at", "context", "candidates", "arm_features", "active", "slot"}
+)
 
 
 def dsjson_event(
-    record: LoggedDecision, arm_features: Mapping[str, Sequence[float]] | None = None
+    record: DecisionRecord, arm_features: Mapping[str, Sequence[float]] | None = None
 ) -> dict[str, Any]:
     """The DSJSON object of one logged decision."""
     chosen = record.chosen_index
@@ -67,7 +72,7 @@ def dsjson_event(
 
 
 def _features(
-    record: LoggedDecision, catalogue: Mapping[str, Sequence[float]] | None
+    record: DecisionRecord, catalogue: Mapping[str, Sequence[float]] | None
 ) -> Mapping[str, Sequence[float]]:
     """The features each candidate was scored with: the request's own, else the catalogue's."""
     return {**(catalogue or {}), **(record.arm_features or {})}
@@ -81,31 +86,16 @@ def _action(arm: str, arm_features: Mapping[str, Sequence[float]] | None) -> dic
     return action
 
 
-def _extension(record: LoggedDecision) -> dict[str, Any]:
-    received, activated = record.reward_received_at, record.activated_at
+def _extension(record: DecisionRecord) -> dict[str, Any]:
+    fields = record.model_dump(exclude=set(NOT_IN_EXTENSION))
     return {
-        "model_version": record.model_version,
-        "policy": record.policy,
-        "explore": record.explore,
-        "arm": record.arm_id,
-        "propensity": record.propensity,
-        "probabilities": record.probabilities,
-        "scores": [dataclasses.asdict(score) for score in record.scores],
-        "reward": record.reward,
-        "reward_received_at": None if received is None else received.isoformat(),
-        "late": record.late,
-        "baseline_arm": record.baseline_arm,
-        "rofu_arm": record.rofu_arm,
-        "rofu_probabilities": record.rofu_probabilities,
-        "deferred": record.deferred,
-        "activated_at": None if activated is None else activated.isoformat(),
-        "activation_late": record.activation_late,
-        "named_context": record.named_context,
+        name: value.isoformat() if isinstance(value, datetime) else value
+        for name, value in fields.items()
     }
 
 
 def write_dsjson(
-    records: Iterable[LoggedDecision],
+    records: Iterable[DecisionRecord],
     out: TextIO,
     arm_features: Mapping[str, Sequence[float]] | None = None,
 ) -> int:

@@ -30,7 +30,7 @@ from typing import IO
 
 import numpy as np
 
-from rofu.service.log.pages import LoggedDecision
+from rofu.client.schemas import DecisionRecord
 
 
 class ObpExportError(ValueError):
@@ -92,7 +92,7 @@ class _Column:
 
 
 def write_obp(
-    records: Iterable[LoggedDecision],
+    records: Iterable[DecisionRecord],
     path: Path,
     catalogue: Catalogue,
     *,
@@ -137,16 +137,16 @@ def _save(archive: zipfile.ZipFile, name: str, array: np.ndarray) -> None:
 
 
 def _blocks(
-    rounds: Iterable[tuple[LoggedDecision, float]], size: int
-) -> Iterator[list[tuple[LoggedDecision, float]]]:
+    rounds: Iterable[tuple[DecisionRecord, float]], size: int
+) -> Iterator[list[tuple[DecisionRecord, float]]]:
     iterator = iter(rounds)
     while block := list(islice(iterator, size)):
         yield block
 
 
 def _rounds(
-    records: Iterable[LoggedDecision], default_reward: float | None
-) -> Iterable[tuple[LoggedDecision, float]]:
+    records: Iterable[DecisionRecord], default_reward: float | None
+) -> Iterable[tuple[DecisionRecord, float]]:
     for record in records:
         reward = record.reward if record.reward is not None else default_reward
         if reward is not None and record.active:
@@ -169,7 +169,7 @@ def _columns(folder: Path, context_dim: int, n_actions: int) -> dict[str, _Colum
 
 def _append(
     columns: dict[str, _Column],
-    rows: Sequence[tuple[LoggedDecision, float]],
+    rows: Sequence[tuple[DecisionRecord, float]],
     catalogue: Catalogue,
 ) -> bool:
     """Append a block of rounds; returns whether all of them have probabilities."""

@@ -1,89 +1,99 @@
 """Apache Parquet: one row per decision, written a row group at a time (needs pyarrow, the
 `export` extra).
 
-Columns: event_id, created_at (UTC), context (list of floats), candidates (list of arm
-ids), arm, slot, propensity, probabilities (per candidate; null when only the propensity
-is known), model_version, policy, explore, scores (list of {arm, mean, bonus, ucb}),
-reward, reward_received_at and late (null without a reward), baseline_arm, rofu_arm and
-rofu_probabilities (apprentice mode; see `rofu.service.deciding.apprentice`), deferred,
-activated_at,
+The columns are the fields of the decision's record (`rofu.client.schemas.DecisionRecord`),
+in its order, their types derived from the fields': event_id, created_at (UTC), context
+(list of floats), candidates (list of arm ids), arm, slot, propensity, probabilities (per
+candidate; null when only the propensity is known), model_version, policy, explore,
+scores (list of {arm, mean, bonus, ucb}), reward, reward_received_at and late (null
+without a reward), baseline_arm, rofu_arm and rofu_probabilities (apprentice mode; see
+`rofu.service.deciding.apprentice`), named_context (the named features the request sent,
+as JSON text; null for a dense context), arm_features (arm id -> the features it was
+scored with, for the candidates the request gave its own), deferred, activated_at,
 activation_late and active (false: a deferred decision not activated in time, which
-training and evaluation leave out), named_context (the named features the request sent,
-as JSON text; null for a dense context) and arm_features (arm id -> the features it was
-scored with, for the candidates the request gave its own).
+training and evaluation leave out).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from datetime import datetime
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
 
-from rofu.service.log.pages import LoggedDecision
+from pydantic import BaseModel
+
+from rofu.client.schemas import DecisionRecord
 
 INSTALL = "pip install 'rofu[export]'"
+#: Columns narrower than their field's type: a catalogue slot fits 32 bits.
+NARROWER: dict[str, Callable[[Any], Any]] = {"slot": lambda pa: pa.int32()}
 
 
 class MissingPyarrow(RuntimeError):
     """Parquet was asked for without pyarrow installed."""
 
 
+def _required(annotation: Any) -> Any:
+    """`annotation` without its `| None` (Arrow's null belongs to every type)."""
+    if get_origin(annotation) in (Union, UnionType):
+        (inner,) = [arg for arg in get_args(annotation) if arg is not type(None)]
+        return inner
+    return annotation
+
+
+def _free_form(annotation: Any) -> bool:
+    """A free-form object (`dict[str, Any]`), which Parquet holds as JSON text."""
+    required = _required(annotation)
+    return get_origin(required) is dict and get_args(required)[1] is Any
+
+
+def _arrow(pa: Any, annotation: Any) -> Any:
+    """The Arrow type of a record field's annotation."""
+    annotation = _required(annotation)
+    origin, args = get_origin(annotation), get_args(annotation)
+    if _free_form(annotation):
+        return pa.string()
+    if origin is list:
+        return pa.list_(_arrow(pa, args[0]))
+    if origin is dict:
+        return pa.map_(_arrow(pa, args[0]), _arrow(pa, args[1]))
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        fields = annotation.model_fields.items()
+        return pa.struct([(name, _arrow(pa, field.annotation)) for name, field in fields])
+    scalars = {
+        str: pa.string(),
+        bool: pa.bool_(),
+        int: pa.int64(),
+        float: pa.float64(),
+        datetime: pa.timestamp("us", tz="UTC"),
+    }
+    return scalars[annotation]
+
+
 def _schema(pa: Any) -> Any:
-    when = pa.timestamp("us", tz="UTC")
-    score = pa.struct(
-        [
-            ("arm", pa.string()),
-            ("mean", pa.float64()),
-            ("bonus", pa.float64()),
-            ("ucb", pa.float64()),
-        ]
-    )
-    return pa.schema(
-        [
-            ("event_id", pa.string()),
-            ("created_at", when),
-            ("context", pa.list_(pa.float64())),
-            ("candidates", pa.list_(pa.string())),
-            ("arm", pa.string()),
-            ("slot", pa.int32()),
-            ("propensity", pa.float64()),
-            ("probabilities", pa.list_(pa.float64())),
-            ("model_version", pa.int64()),
-            ("policy", pa.string()),
-            ("explore", pa.bool_()),
-            ("scores", pa.list_(score)),
-            ("reward", pa.float64()),
-            ("reward_received_at", when),
-            ("late", pa.bool_()),
-            ("baseline_arm", pa.string()),
-            ("rofu_arm", pa.string()),
-            ("rofu_probabilities", pa.list_(pa.float64())),
-            ("deferred", pa.bool_()),
-            ("activated_at", when),
-            ("activation_late", pa.bool_()),
-            ("active", pa.bool_()),
-            ("named_context", pa.string()),
-            ("arm_features", pa.map_(pa.string(), pa.list_(pa.float64()))),
-        ]
-    )
+    """One column per record field, in the record's order."""
+    columns = []
+    for name, field in DecisionRecord.model_fields.items():
+        narrower = NARROWER.get(name)
+        columns.append((name, _arrow(pa, field.annotation) if narrower is None else narrower(pa)))
+    return pa.schema(columns)
 
 
-def parquet_row(record: LoggedDecision) -> dict[str, Any]:
+def parquet_row(record: DecisionRecord) -> dict[str, Any]:
     """The Parquet row of a record (also the JSON of `GET /v1/decisions`, less the types)."""
-    row = dataclasses.asdict(record)
-    row["arm"] = row.pop("arm_id")
-    row["active"] = record.active
-    if record.named_context is not None:
-        row["named_context"] = json.dumps(record.named_context, sort_keys=True)
-    if record.arm_features is not None:
-        row["arm_features"] = list(record.arm_features.items())
+    row = record.model_dump()
+    for name, value in row.items():
+        if isinstance(value, dict):  # JSON text, or a map's (key, value) pairs
+            free = _free_form(DecisionRecord.model_fields[name].annotation)
+            row[name] = json.dumps(value, sort_keys=True) if free else list(value.items())
     return row
 
 
-def write_parquet(records: Iterable[LoggedDecision], path: Path, *, row_group: int = 10_000) -> int:
+def write_parquet(records: Iterable[DecisionRecord], path: Path, *, row_group: int = 10_000) -> int:
     """Write the records to `path`; returns how many.
 
     Raises:

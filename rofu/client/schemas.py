@@ -1,0 +1,304 @@
+"""The v1 API's request and response bodies, as they travel: the service's OpenAPI schema is
+generated from these, and the client reads its answers with them.
+
+Requests are strict: numbers must be JSON numbers (no strings, no NaN or Infinity), and
+unknown fields are refused, so a typo never passes silently. What only the service can
+check (a context's length, named features and their hashing) it checks itself, on
+`SelectFields` parametrised with its own feature type (`rofu.service.api.schemas`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+EVENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$"
+ARM_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$"
+EventId = Annotated[
+    str,
+    Field(
+        pattern=EVENT_ID_PATTERN,
+        description="Client idempotency key: 1-128 characters of [A-Za-z0-9_.:-]",
+        examples=["order-1234"],
+    ),
+]
+ArmId = Annotated[str, Field(pattern=ARM_ID_PATTERN, examples=["arm-0"])]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+FLOAT32_MAX = 3.4028234663852886e38
+# Context features go through the network in float32: larger magnitudes would be infinite.
+Feature = Annotated[float, Field(allow_inf_nan=False, ge=-FLOAT32_MAX, le=FLOAT32_MAX)]
+
+# A named feature's value, and named features (documented in `rofu.service.deciding.features`).
+FeatureValue = float | bool | str | list[str] | list[float] | None
+NamedFeatures = dict[str, FeatureValue]
+NamedContext = dict[str, NamedFeatures | FeatureValue]
+#: A context or an arm's features: a dense vector, or an object of named features.
+Features = list[Feature] | NamedContext
+FeaturesT = TypeVar("FeaturesT")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class SelectFields(_Strict, Generic[FeaturesT]):
+    """The fields of a /v1/select request, over the type its features validate as."""
+
+    context: Annotated[
+        FeaturesT,
+        Field(
+            description="A feature vector of the configured context_dim, or an object of "
+            "named features (namespaces of numbers, booleans, strings and lists) hashed "
+            "into it (see the README, `Named features`)",
+            examples=[
+                [0.1, -0.4, 1.0, 0.0, 0.3, 0.2, -1.2, 0.5],
+                {"user": {"age": 31, "country": "fr"}, "device": {"mobile": True}},
+            ],
+        ),
+    ]
+    event_id: EventId | None = Field(
+        default=None, description="Same key -> same decision; generated when omitted"
+    )
+    arms: list[ArmId] | None = Field(
+        default=None, description="Candidate subset (default: every active arm)"
+    )
+    exclude: list[ArmId] | None = Field(default=None, description="Arms not to choose")
+    explore: bool = Field(
+        default=True, description="False: choose by the mean alone (exploit); still logged"
+    )
+    baseline_arm: ArmId | None = Field(
+        default=None,
+        description="The app's own choice, one of the candidates: served in apprentice mode "
+        "(ROFU_LEARNING_MODE=apprentice, where it is required), recorded for comparison in "
+        "online mode",
+    )
+    defer: bool = Field(
+        default=False,
+        description="True: trained on only once POST /v1/events/{event_id}/activate "
+        "activates it within the reward window (the app may not show the choice)",
+    )
+    arm_features: dict[ArmId, FeaturesT] | None = Field(
+        default=None,
+        description="Per-request arm features (arm-feature models only): candidate arm id "
+        "-> arm_feature_dim numbers, or named features hashed into them; they replace "
+        "the catalogue's features of that arm for this decision, and are trained on",
+        examples=[{"arm-0": {"price": 9.5, "category": "shoes"}}],
+    )
+
+
+class SelectRequest(SelectFields[Features]):
+    """Which arm should this context get?"""
+
+
+class ArmScore(BaseModel):
+    """One candidate's estimates for one context, as logged and returned by /select.
+
+    Attributes:
+        arm: the arm's id.
+        mean: estimated reward; None on a cold start (nothing was scored).
+        bonus: exploration bonus; None on a cold start.
+        ucb: mean + bonus, the value an exploring choice is made by; None on a cold start.
+    """
+
+    # The service hands over its own scores (`rofu.models.scores.ArmScore`) as they are.
+    model_config = ConfigDict(from_attributes=True)
+
+    arm: str
+    mean: float | None
+    bonus: float | None
+    ucb: float | None
+
+
+class ArmProbability(BaseModel):
+    """The probability with which the service's rule picks one candidate."""
+
+    arm: str
+    probability: float
+
+
+class SelectResponse(BaseModel):
+    """The decision, the scores it was made from and every candidate's probability."""
+
+    event_id: str
+    arm: str
+    model_version: int = Field(description="Checkpoint version used; 0 before any exists")
+    propensity: float = Field(description="Probability with which this arm was chosen")
+    explore: bool
+    policy: str = Field(description="`rofu`, or `cold-start` (uniform) before any model")
+    scores: list[ArmScore]  # per candidate; mean, bonus and ucb null on a cold start
+    probabilities: list[ArmProbability] | None = Field(
+        default=None,
+        description="Per candidate, in the order of `scores`: the exact probability with "
+        "which the rule picks it (the chosen arm's is `propensity`); null for decisions "
+        "logged before probabilities were stored",
+    )
+    baseline_arm: str | None = Field(default=None, description="The request's baseline_arm")
+    rofu_arm: str | None = Field(
+        default=None,
+        description="Apprentice mode: the arm rofu's own rule chose (not served); else null",
+    )
+    deferred: bool = Field(
+        default=False, description="Logged with `defer`: awaits activation to be trained on"
+    )
+
+
+class RewardRequest(_Strict):
+    """How did the decision of `event_id` go?"""
+
+    event_id: EventId
+    value: Finite = Field(description="The reward; any finite number", examples=[1.0])
+
+
+class RewardResponse(BaseModel):
+    """The stored reward. `duplicate` marks a repeat of an already stored value."""
+
+    event_id: str
+    value: float
+    duplicate: bool
+    late: bool = Field(
+        default=False,
+        description="The reward came after the decision's window closed or after a "
+        "checkpoint consumed the decision: stored, but never trained on",
+    )
+
+
+class ActivateResponse(BaseModel):
+    """What POST /v1/events/{event_id}/activate did."""
+
+    event_id: str
+    status: Literal["activated", "already_active", "late"] = Field(
+        description="`activated`: the decision is active and will be trained on; "
+        "`already_active`: it was never deferred, or an earlier call activated it; "
+        "`late`: activated after its window closed or after the trainer consumed it: "
+        "stored, but never trained on or evaluated"
+    )
+    deferred: bool = Field(description="Whether the decision was logged with `defer`")
+    activated_at: datetime | None = Field(
+        description="The first activation's time; null for a decision never deferred"
+    )
+    duplicate: bool = Field(description="An earlier activation was stored: nothing changed")
+
+
+class ArmRequest(_Strict):
+    """A new arm for the catalogue."""
+
+    id: ArmId
+    features: list[Finite] | None = Field(
+        default=None, description="Required (length arm_feature_dim) for arm-feature models"
+    )
+
+
+class ArmResponse(BaseModel):
+    """An arm of the catalogue."""
+
+    id: str
+    slot: int
+    features: list[float] | None
+    active: bool
+
+
+class ModelResponse(BaseModel):
+    """The model this replica serves."""
+
+    version: int = Field(description="0: no checkpoint yet (cold start, uniform choices)")
+    checksum: str | None
+    created_at: float | None = Field(description="Unix time the trainer made it")
+    age_seconds: float | None
+    n_data: int = Field(description="|D|, logged transitions the checkpoint learned from")
+    network: dict[str, object]
+    rofu: dict[str, object]
+    feature_hash_seed: int = Field(
+        description="The seed named features are hashed with (ROFU_FEATURE_HASH_SEED)"
+    )
+
+
+class CheckpointInfo(BaseModel):
+    """A stored checkpoint's metadata."""
+
+    version: int
+    created_at: float
+    checksum: str
+    size_bytes: int
+    rows_trained: int
+    n_total: int
+    metrics: dict[str, float]
+
+
+class ErrorBody(BaseModel):
+    """What every error response carries."""
+
+    code: str
+    message: str
+    field: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """The body of every 4xx/5xx response."""
+
+    error: ErrorBody
+
+
+class DecisionRecord(BaseModel):
+    """A logged decision and its reward (the rows `rofu export` writes)."""
+
+    # The one record of a decision: the service builds it from its tables by field name
+    # (`rofu.service.log.record`), GET /v1/decisions sends it, the exports write it.
+
+    event_id: str
+    created_at: datetime
+    context: list[float]
+    candidates: list[str]
+    arm: str
+    slot: int
+    propensity: float
+    probabilities: list[float] | None = Field(
+        description="Per candidate, in `candidates` order; null when only `propensity` is known"
+    )
+    model_version: int
+    policy: str
+    explore: bool
+    scores: list[ArmScore]
+    reward: float | None
+    reward_received_at: datetime | None
+    late: bool | None = Field(description="The reward came after the decision's window")
+    baseline_arm: str | None = Field(
+        default=None, description="The app's own choice the request carried"
+    )
+    rofu_arm: str | None = Field(
+        default=None,
+        description="Apprentice mode (policy `apprentice`, the baseline served): the arm "
+        "rofu's rule would have chosen; else null",
+    )
+    rofu_probabilities: list[float] | None = Field(
+        default=None,
+        description="Apprentice mode: rofu's rule's probabilities per candidate; else null",
+    )
+    named_context: dict[str, Any] | None = Field(
+        default=None,
+        description="The named features the request sent (`context` is their hashed "
+        "vector); null for a dense context",
+    )
+    arm_features: dict[str, list[float]] | None = Field(
+        default=None,
+        description="Candidate arm id -> the features it was scored with, for the arms "
+        "the request gave its own; null when all had the catalogue's",
+    )
+    deferred: bool = Field(default=False, description="Logged with `defer`")
+    activated_at: datetime | None = Field(
+        default=None, description="A deferred decision's first activation; null: none"
+    )
+    activation_late: bool = Field(
+        default=False, description="Activated after its window or after the trainer consumed it"
+    )
+    active: bool = Field(
+        default=True,
+        description="Trained on and evaluated: not deferred, or activated in time (false: "
+        "a deferred decision not activated in time, left out of training and evaluation)",
+    )
+
+    @property
+    def chosen_index(self) -> int:
+        """The chosen arm's position among the candidates."""
+        return self.candidates.index(self.arm)
