@@ -1,6 +1,8 @@
 """`rofu replay`: run a protocol (or parts of it) and write the report; `--http URL`
 plays the streams against a live service instead; `--combine A,B` builds one report at
-`--out` from the reports written in folders A and B (B's cells win where both have one).
+`--out` from the reports written in folders A and B (B's cells win where both have one);
+`--compact --out DIR` converts the full run files of a study made before runs were kept as
+summaries.
 `--dataset-file PATH --label-column N` adds a classification file of your own (numeric
 features; N 0-based, -1 the last column) as a data set. Data sets, their files and the
 policies are checked before anything runs."""
@@ -155,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
         "wins, or adds its seeds where they are new)",
     )
     parser.add_argument(
+        "--compact",
+        action="store_true",
+        help="run nothing: turn the full run files (.npz) under --out/runs into summaries, "
+        "moving the files into --out/cache",
+    )
+    parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar (e.g. when logging to a file)"
     )
     return parser
@@ -172,20 +180,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds and --workers must be >= 1")
     if args.combine:
         return _combine(parser, args, argv)
+    if args.compact:
+        return _compact(parser, args)
     out = args.out or DEFAULT_OUT / args.protocol
     if args.http and args.report_only:
         parser.error("--report-only rebuilds a report from run files; it does not go with --http")
-    if args.report_only:
-        datasets, file = _named_datasets(parser, args), None
-    else:
-        datasets, file = _datasets(parser, args, protocol)
-    if args.http:
-        return _http(parser, args.http, datasets, file, seeds, rounds, out, args.data_dir)
     try:  # matched without regard to case; run files and reports use the canonical name
         names = args.policies or protocol.policies or BUILT_IN
         policies = tuple(canonical_policy_name(name) for name in names)
     except ValueError as exc:
         parser.error(str(exc))
+    # --report-only, or a study whose every run has its summary: no data needed
+    done = args.report_only or (
+        not args.http and _all_done(parser, args, protocol, policies, seeds, rounds, out)
+    )
+    datasets, file = _datasets(parser, args, protocol, files=not done)
+    if args.http:
+        return _http(parser, args.http, datasets, file, seeds, rounds, out, args.data_dir)
     if not args.report_only:
         presets = _preset_of(parser, args, datasets, protocol)
         run_jobs(
@@ -207,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         datasets=frozenset(datasets) if args.datasets or args.dataset_file else None,
         policies=frozenset(policies) if args.policies else None,
     )
-    # Without --report-only: run files stay out of git, and the full command skips the runs
-    # that are there, so it regenerates the report from a clean clone as well.
+    # Without --report-only: a study commits its runs' summaries, and the full command skips
+    # every run whose summary is there, so it regenerates the report from a clean clone.
     command = _command([a for a in argv if a != "--report-only"])
     preamble = (
         f"Protocol `{protocol.name}` as run: T = {rounds} rounds, seeds "
@@ -218,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         print(write_report(out, f"Replay report: {protocol.name}", preamble, rounds, only))
     except FileNotFoundError as exc:  # --report-only where nothing has run
         parser.error(f"{exc} for T = {rounds}")
+    except ValueError as exc:  # a corrupt summary, or full run files to convert first
+        parser.error(str(exc))
     return 0
 
 
@@ -257,11 +270,38 @@ def _preset_of(
     return {d: PRODUCT.name if d in protocol.learners else name for d, name in presets.items()}
 
 
+def _all_done(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    protocol: Protocol,
+    policies: tuple[str, ...],
+    seeds: tuple[int, ...],
+    rounds: int,
+    out: Path,
+) -> bool:
+    """Whether every job of the command has its summary under `out` (a corrupt one, or one
+    another job made, is a usage error naming it)."""
+    datasets = _named_datasets(parser, args, () if args.dataset_file else protocol.datasets)
+    presets = _preset_of(parser, args, datasets, protocol)
+    try:
+        jobs = jobs_for(datasets, policies, seeds, rounds, presets, protocol.learners)
+        return all(job.done(out) for job in jobs)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
 def _datasets(
-    parser: argparse.ArgumentParser, args: argparse.Namespace, protocol: Protocol
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    protocol: Protocol,
+    files: bool = True,
 ) -> tuple[tuple[str, ...], ClassificationFile | None]:
     """The data sets to run, checked before anything runs: registered names whose files are
-    in the data folder, then the user's classification file, read in full."""
+    in the data folder, then the user's classification file, read in full (`files` False:
+    the names only, where every run is done)."""
+    if not files:  # --report-only names data sets to select, not to run
+        default = () if args.dataset_file or args.report_only else protocol.datasets
+        return _named_datasets(parser, args, default), None
     file = _dataset_file(parser, args)
     names = args.datasets or (() if file else protocol.datasets)
     try:
@@ -271,11 +311,13 @@ def _datasets(
     return (names, None) if file is None else ((*names, file.name), file)
 
 
-def _named_datasets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, ...]:
-    """The data sets a `--report-only` command names (the registered ones checked by name
-    only: the report reads run files, not data), the file's name last."""
+def _named_datasets(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, default: tuple[str, ...] = ()
+) -> tuple[str, ...]:
+    """The data sets a `--report-only` command names, else `default` (the registered ones
+    checked by name only: the report reads run summaries, not data), the file's name last."""
     try:
-        names = check_datasets(args.datasets or (), files=False)
+        names = check_datasets(args.datasets or default, files=False)
     except ValueError as exc:
         parser.error(str(exc))
     if args.dataset_file is not None:
@@ -343,6 +385,19 @@ def _combine(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: li
     return 0
 
 
+def _compact(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from rofu.replay.compact import compact
+
+    if args.out is None:
+        parser.error("--compact needs --out, the study folder whose runs/ it converts")
+    try:
+        written = compact(args.out)
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(f"{len(written)} run files under {args.out / 'runs'} converted to summaries")
+    return 0
+
+
 def _http(
     parser: argparse.ArgumentParser,
     url: str,
@@ -368,7 +423,7 @@ def _http(
                 parser.error(f"{exc}; start a service for it with:\n  {serve_command(bandit)}")
             except RofuError as exc:
                 parser.error(f"the service at {url} answered {exc}")
-            run.result.save(out / "http" / name / run_name(seed, rounds))
+            run.result.save(out / "http" / name / run_name(seed, rounds).replace(".json", ".npz"))
             figures.append(
                 {
                     "dataset": name,

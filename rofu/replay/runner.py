@@ -1,8 +1,10 @@
 """Running many (data set, policy, seed) jobs: resumable, in parallel, with a progress bar.
 
-Each finished job is one file, `<out>/runs/<bandit>/<policy>/seed<seed>-T<rounds>.npz`
-(with `-<preset>` and `-<learner>` where the job names them); a rerun skips every job
-whose file exists, so an interrupted protocol resumes where it stopped. Jobs run in
+Each finished job is one summary, `<out>/runs/<bandit>/<policy>/seed<seed>-T<rounds>.json`
+(with `-<preset>` and `-<learner>` where the job names them; `rofu.replay.simulation.summary`),
+written after its full per-round arrays, `<out>/cache/...npz` (ignored by git). A rerun
+skips every job whose summary exists, and refuses one that is corrupt or was made by
+another job, so an interrupted protocol resumes where it stopped. Jobs run in
 `workers` spawned processes (torch threads split between them); a failed job stops the
 protocol without starting the queued ones, and on Linux the workers die with the process
 that started them, even a killed one.
@@ -16,7 +18,7 @@ import signal
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from multiprocessing import get_context
 from pathlib import Path
@@ -30,6 +32,7 @@ from rofu.replay.runs import run_name
 from rofu.replay.simulation.bandits import Bandit
 from rofu.replay.simulation.datafile import ClassificationFile
 from rofu.replay.simulation.simulate import RunResult, simulate
+from rofu.replay.simulation.summary import RunSummary
 
 if TYPE_CHECKING:
     from rofu.models.policies import Policy
@@ -86,11 +89,33 @@ class Job:
     )
 
     def path(self, out: Path) -> Path:
-        """Where its result goes (a preset other than the product's, and a learner, are in
+        """Where its summary goes (a preset other than the product's, and a learner, are in
         the name)."""
         tag = "" if self.preset == PRODUCT.name else f"-{self.preset}"
         tag += f"-{self.learner}" if self.learner else ""
         return out / "runs" / self.bandit / self.policy / run_name(self.seed, self.rounds, tag)
+
+    def cache_path(self, out: Path) -> Path:
+        """Where its full per-round arrays go (`RunResult.save`; git-ignored)."""
+        summary = self.path(out)
+        return out / "cache" / summary.relative_to(out / "runs").with_suffix(".npz")
+
+    def done(self, out: Path) -> bool:
+        """Whether its summary exists.
+
+        Raises:
+            ValueError: the summary is corrupt, or another job made it.
+        """
+        path = self.path(out)
+        if not path.exists():
+            return False
+        made_by = RunSummary.load(path).job
+        if made_by != asdict(self):
+            raise ValueError(
+                f"{path} holds the run of {made_by}, not of {asdict(self)}: delete it to run "
+                "it again, or use a fresh --out"
+            )
+        return True
 
 
 def jobs_for(
@@ -148,16 +173,17 @@ def run_job(
     device: str,
     file: ClassificationFile | None = None,
 ) -> Path:
-    """Run one job and write its file (in a worker process or in-process); `file` is the
-    user's classification file when the job's data set is it."""
+    """Run one job and write its full arrays, then its summary (in a worker process or
+    in-process); `file` is the user's classification file when the job's data set is it."""
     bandit = _bandit(job.bandit if file is None else file, data_dir)
     policy, config = job_policy(job, bandit, torch.device(device))
     stream = bandit.stream(job.rounds, job.seed)
     result: RunResult = simulate(
         policy, stream, bandit=job.bandit, policy_name=job.policy, seed=job.seed, config=config
     )
+    result.save(job.cache_path(out))
     path = job.path(out)
-    result.save(path)
+    RunSummary.of(result, asdict(job)).save(path)  # last: a summary marks the job done
     return path
 
 
@@ -216,13 +242,13 @@ def run_jobs(
     progress: bool = True,
     files: Sequence[ClassificationFile] = (),
 ) -> list[Path]:
-    """Run every job whose result file is missing; return every job's result path.
+    """Run every job whose summary is missing; return every job's summary path.
 
     A job whose data set is named like one of `files` (the user's classification files)
     runs on that file; the others on the registered data set of their name.
     """
     device = resolve_device(device)
-    todo = [job for job in jobs if not job.path(out).exists()]
+    todo = [job for job in jobs if not job.done(out)]
     folder = None if data_dir is None else str(data_dir)
     by_name = {file.name: file for file in files}
     bar = tqdm(

@@ -1,5 +1,6 @@
-"""Which saved runs a report reads: the run files under `<out>/runs`, by data set and
-policy, narrowed to the seeds, data sets and policies a command names."""
+"""Which saved runs a report reads: the run summaries under `<out>/runs` (JSON, committed;
+the full per-round arrays are in `<out>/cache`, ignored), by data set and policy, narrowed
+to the seeds, data sets and policies a command names."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from rofu.replay.simulation.simulate import RunResult
+from rofu.replay.simulation.summary import RunSummary
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,7 @@ class Selection:
     datasets: frozenset[str] | None = None
     policies: frozenset[str] | None = None
 
-    def admits(self, run: RunResult) -> bool:
+    def admits(self, run: RunSummary) -> bool:
         return (
             (self.seeds is None or run.seed in self.seeds)
             and (self.datasets is None or run.bandit in self.datasets)
@@ -44,16 +45,17 @@ class Selection:
 
 EVERY_RUN = Selection()
 
-# seed<s>-T<rounds>.npz, or seed<s>-T<rounds>-<tag>.npz where the run names a preset other
-# than the product's, or a learner; never <name>.npz.partial.npz, a run still being written
-# (`RunResult.save`)
+# seed<s>-T<rounds>.json, or seed<s>-T<rounds>-<tag>.json where the run names a preset other
+# than the product's, or a learner; never <name>.json.partial.json, a summary still being
+# written (`RunSummary.save`)
 _RUN_NAME = re.compile(r"seed(\d+)-T(\d+)(-[^.]+)?")
 
 
 def run_name(seed: int, rounds: int, tag: str = "") -> str:
-    """The file name of one run (`tag`: "" or "-<preset>", "-<learner>", both in turn); a
-    name `seed_and_rounds` would not read back is refused, so `collect` finds every run."""
-    name = f"seed{seed}-T{rounds}{tag}.npz"
+    """The file name of one run's summary (`tag`: "" or "-<preset>", "-<learner>", both in
+    turn); a name `seed_and_rounds` would not read back is refused, so `collect` finds every
+    run."""
+    name = f"seed{seed}-T{rounds}{tag}.json"
     if seed_and_rounds(Path(name)) != (seed, rounds):
         raise ValueError(f"a run file's tag is '-' then a name with no dot, not {tag!r}")
     return name
@@ -67,17 +69,28 @@ def seed_and_rounds(path: Path) -> tuple[int, int] | None:
 
 def collect(
     out: Path, rounds: int | None = None, only: Selection = EVERY_RUN
-) -> dict[str, dict[str, list[RunResult]]]:
-    """Every saved run under `out/runs`, by bandit then policy (optionally one T only, and
-    only the runs `only` admits)."""
-    results: dict[str, dict[str, list[RunResult]]] = defaultdict(lambda: defaultdict(list))
-    for path in sorted((out / "runs").glob("*/*/seed*-T*.npz")):
+) -> dict[str, dict[str, list[RunSummary]]]:
+    """Every run summary under `out/runs`, by bandit then policy (optionally one T only, and
+    only the runs `only` admits).
+
+    Raises:
+        ValueError: a summary is corrupt, two summaries hold the same run, or `out/runs`
+            holds full run files (.npz) of an older version, not summaries.
+    """
+    older = next((out / "runs").glob("*/*/seed*-T*.npz"), None)
+    if older is not None:
+        raise ValueError(
+            f"{older} is a full run file, not a summary: convert {out} once with "
+            f"`rofu replay --compact --out {out}`"
+        )
+    results: dict[str, dict[str, list[RunSummary]]] = defaultdict(lambda: defaultdict(list))
+    for path in sorted((out / "runs").glob("*/*/seed*-T*.json")):
         named = seed_and_rounds(path)
         if named is None or (rounds is not None and named[1] != rounds):
             continue
         if only.seeds is not None and named[0] not in only.seeds:
             continue
-        run = RunResult.load(path)
+        run = RunSummary.load(path)
         if not only.admits(run):
             continue
         runs = results[run.bandit][run.policy]

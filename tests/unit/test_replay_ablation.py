@@ -74,7 +74,7 @@ def test_ablation_protocol_runs_rofu_at_three_m_against_epsilon_greedy_and_greed
     }
     job = Job("resnet", "ROFU@steps=10", 1, 100, learner="paper-resnet32")
     assert job.path(Path("out")) == Path(
-        "out/runs/resnet/ROFU@steps=10/seed1-T100-paper-resnet32.npz"
+        "out/runs/resnet/ROFU@steps=10/seed1-T100-paper-resnet32.json"
     )
 
 
@@ -188,9 +188,10 @@ def test_ablation_end_to_end_writes_regret_and_bonus_curves(tmp_path, monkeypatc
     out = tmp_path / "ablation"
     argv = ["--protocol", "ablation", "--rounds", "34", "--seeds", "0", "--out", str(out)]
     assert main([*argv, "--no-progress"]) == 0
-    runs = sorted((out / "runs").glob("*/*/*.npz"))
+    runs = sorted((out / "runs").glob("*/*/*.json"))
     assert len(runs) == 2 * 5
-    assert {p.name for p in runs} == {"seed0-T34-paper-mlp.npz", "seed0-T34-paper-resnet32.npz"}
+    assert {p.name for p in runs} == {"seed0-T34-paper-mlp.json", "seed0-T34-paper-resnet32.json"}
+    assert len(sorted((out / "cache").glob("*/*/*.npz"))) == 2 * 5  # the full arrays, ignored
     readme = (out / "README.md").read_text()
     for bandit in ("mlp", "resnet"):
         assert (out / "plots" / f"regret-{bandit}.png").stat().st_size > 1000

@@ -12,6 +12,7 @@ from rofu.replay.reports.bonus import step_table
 from rofu.replay.simulation.bandits import PoolBandit
 from rofu.replay.simulation.policies import build_policy
 from rofu.replay.simulation.simulate import WARM_START, RunResult, simulate
+from rofu.replay.simulation.summary import RunSummary
 
 CPU = torch.device("cpu")
 
@@ -47,13 +48,14 @@ def test_simulate_records_the_step_the_cap_resolved_each_round(tmp_path) -> None
     assert RunResult.load(path).ascent_step is None
 
 
-def _run(policy: str, steps: list[float] | None, set_step: float = 0.01) -> RunResult:
+def _run(policy: str, steps: list[float] | None, set_step: float = 0.01) -> RunSummary:
     arms = np.zeros(len(steps or [0]), dtype=np.int64)
     config = {"params": {"step_size": set_step}}
     recorded = None if steps is None else np.array([np.nan, *steps])
-    return RunResult(
+    run = RunResult(
         "toy", policy, 0, arms, arms * 0.0, arms * 0.0, 1.0, config, ascent_step=recorded
     )
+    return RunSummary.of(run, {})
 
 
 def test_step_table_counts_the_capped_rounds_and_their_cut() -> None:

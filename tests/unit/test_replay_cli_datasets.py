@@ -43,7 +43,7 @@ def test_replay_runs_a_csv_file_end_to_end(tmp_path: Path) -> None:
     # a linear boundary: LinUCB learns it, Uniform is right half the time
     assert cells["file:toy"]["Uniform"]["mean"] == pytest.approx(150, rel=0.2)
     assert cells["file:toy"]["LinUCB"]["mean"] < cells["file:toy"]["Uniform"]["mean"] / 3
-    assert (out / "runs" / "file:toy" / "LinUCB" / "seed0-T300.npz").is_file()
+    assert (out / "runs" / "file:toy" / "LinUCB" / "seed0-T300.json").is_file()
     readme = (out / "README.md").read_text()
     assert "`rofu replay --dataset-file" in readme
     assert "| file:toy |" in readme

@@ -36,6 +36,7 @@ from rofu.replay.simulation.policies import (
     rofu_variant,
 )
 from rofu.replay.simulation.simulate import WARM_START, RunResult, simulate
+from rofu.replay.simulation.summary import RunSummary
 
 ARMS = 3
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,9 +140,12 @@ def test_run_file_names_give_back_their_seed_and_rounds(tmp_path):
     tagged = Job("toy", "ROFU", 12, 20_000, preset="small-lr", learner="wide")
     for job in (Job("toy", "LinUCB", 3, 50), tagged):
         assert seed_and_rounds(job.path(tmp_path)) == (job.seed, job.rounds)
-    assert tagged.path(tmp_path).name == "seed12-T20000-small-lr-wide.npz"
-    assert seed_and_rounds(Path("seed3.npz")) is None
-    being_written = tagged.path(tmp_path).name + ".partial.npz"  # RunResult.save's name
+    assert tagged.path(tmp_path).name == "seed12-T20000-small-lr-wide.json"
+    assert (
+        tagged.cache_path(tmp_path) == tmp_path / "cache/toy/ROFU/seed12-T20000-small-lr-wide.npz"
+    )
+    assert seed_and_rounds(Path("seed3.json")) is None
+    being_written = tagged.path(tmp_path).name + ".partial.json"  # RunSummary.save's name
     assert seed_and_rounds(Path(being_written)) is None
     with pytest.raises(ValueError, match="dot"):
         Job("toy", "ROFU", 0, 50, preset="lr.1").path(tmp_path)
@@ -208,11 +212,11 @@ def _running(pid: int) -> bool:
     return bool(fields) and fields[0] != "Z"
 
 
-def _fake_runs(finals: dict[str, list[float]]) -> dict[str, dict[str, list[RunResult]]]:
-    runs: dict[str, list[RunResult]] = {}
+def _fake_runs(finals: dict[str, list[float]]) -> dict[str, dict[str, list[RunSummary]]]:
+    runs: dict[str, list[RunSummary]] = {}
     for policy, values in finals.items():
         runs[policy] = [
-            RunResult(
+            _summary(
                 "b",
                 policy,
                 seed,
@@ -224,6 +228,10 @@ def _fake_runs(finals: dict[str, list[float]]) -> dict[str, dict[str, list[RunRe
             for seed, v in enumerate(values)
         ]
     return {"b": runs}
+
+
+def _summary(*fields: object) -> RunSummary:
+    return RunSummary.of(RunResult(*fields), {})
 
 
 def test_report_statistics():
@@ -268,7 +276,7 @@ def test_report_holm_adjusts_the_tests_and_tables_cpu_time(tmp_path):
     assert math.isnan(table["ROFU"].cpu_seconds_per_round)  # the fakes record no CPU time
     assert "CPU seconds per" not in markdown({"b": table}, "t")
 
-    def timed(rofu_cpu: float) -> dict[str, list[RunResult]]:
+    def timed(rofu_cpu: float) -> dict[str, list[RunSummary]]:
         return {
             policy: [
                 dataclasses.replace(r, cpu_seconds=rofu_cpu if policy == "ROFU" else 1.0)
@@ -328,7 +336,7 @@ def test_report_tests_the_estimators_against_rofu_exact_without_rofu():
 def test_report_writes_markdown_json_and_plots(tmp_path):
     for policy, runs in _fake_runs({"ROFU": [1, 2], "Uniform": [5, 6]})["b"].items():
         for run in runs:
-            run.save(tmp_path / "runs" / "b" / policy / f"seed{run.seed}-T2.npz")
+            run.save(tmp_path / "runs" / "b" / policy / f"seed{run.seed}-T2.json")
     (tmp_path / "NOTES.md").write_text("What it says: ROFU wins.\n")
     readme = write_report(tmp_path, "Test report", "preamble text", rounds=2)
     text = readme.read_text()
@@ -366,7 +374,9 @@ def _written_report(
                 1.0,
                 cpu_seconds=None if cpu_seconds is None else cpu_seconds * (seed + 1),
             )
-            run.save(folder / "runs" / "b" / policy / f"seed{seed}-T{rounds}.npz")
+            RunSummary.of(run, {}).save(
+                folder / "runs" / "b" / policy / f"seed{seed}-T{rounds}.json"
+            )
     write_report(folder, "part")
 
 
@@ -471,7 +481,7 @@ def test_replay_report_holds_only_the_seeds_data_sets_and_policies_it_names(tmp_
                 run = RunResult(
                     bandit, policy, seed, np.zeros(2, np.int64), per_round, per_round, 1.0
                 )
-                run.save(out / "runs" / bandit / policy / f"seed{seed}-T2.npz")
+                RunSummary.of(run, {}).save(out / "runs" / bandit / policy / f"seed{seed}-T2.json")
 
     def cells(*argv: str) -> dict:
         assert main(["--report-only", "--out", str(out), "--rounds", "2", *argv]) == 0
@@ -646,11 +656,11 @@ def test_replay_preset_is_chosen_explicitly_and_recorded(tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["--datasets", "wheel", "--policies", "ROFU,LinUCB", "--seeds", "0", "--rounds", "40"]
     assert main([*argv, "--preset", "linear", "--out", str(out), "--no-progress"]) == 0
-    rofu = RunResult.load(out / "runs" / "wheel" / "ROFU" / "seed0-T40-linear.npz")
+    rofu = RunSummary.load(out / "runs" / "wheel" / "ROFU" / "seed0-T40-linear.json")
     assert rofu.preset == "linear"
     assert rofu.config is not None
     assert rofu.config["net"]["activation"] == "identity"
-    linucb = RunResult.load(out / "runs" / "wheel" / "LinUCB" / "seed0-T40.npz")
+    linucb = RunSummary.load(out / "runs" / "wheel" / "LinUCB" / "seed0-T40.json")
     assert (linucb.preset, linucb.config["class"]) == ("", "LinUCB")
     report = (out / "README.md").read_text()
     assert "ROFU preset each cell ran" in report

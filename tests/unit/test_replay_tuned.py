@@ -22,6 +22,7 @@ from rofu.replay.simulation.policies import (
     canonical_policy_name,
 )
 from rofu.replay.simulation.simulate import RunResult
+from rofu.replay.simulation.summary import RunSummary
 
 
 def test_rofu_tuned_runs_only_where_its_preset_differs_from_rofus():
@@ -58,14 +59,15 @@ def test_rofu_tuned_is_named_not_run_by_default_and_builds_its_preset():
     assert record["preset"]["name"] == "linear"
 
 
-def _run(bandit: str, policy: str, seed: int, final: float, preset: str = "") -> RunResult:
+def _run(bandit: str, policy: str, seed: int, final: float, preset: str = "") -> RunSummary:
     config = {"preset": {"name": preset}} if preset else None
     regret = np.array([final, 0.0])
-    return RunResult(bandit, policy, seed, np.zeros(2, dtype=np.int64), regret, regret, 2.0, config)
+    run = RunResult(bandit, policy, seed, np.zeros(2, dtype=np.int64), regret, regret, 2.0, config)
+    return RunSummary.of(run, {})
 
 
-def _results() -> dict[str, dict[str, list[RunResult]]]:
-    def cell(bandit: str, policy: str, finals: list[float], preset: str = "") -> list[RunResult]:
+def _results() -> dict[str, dict[str, list[RunSummary]]]:
+    def cell(bandit: str, policy: str, finals: list[float], preset: str = "") -> list[RunSummary]:
         return [_run(bandit, policy, s, v, preset) for s, v in enumerate(finals)]
 
     return {
@@ -111,7 +113,7 @@ def test_replay_runs_rofu_tuned_beside_rofu_and_reports_both_tables(tmp_path, mo
     argv = ["--datasets", "wheel", "--seeds", "0-1", "--rounds", "30", "--no-progress"]
     names = "ROFU,ROFU-tuned,LinUCB"
     assert main([*argv, "--policies", names, "--out", str(out)]) == 0
-    tuned = RunResult.load(out / "runs" / "wheel" / TUNED_POLICY / "seed1-T30-linear.npz")
+    tuned = RunSummary.load(out / "runs" / "wheel" / TUNED_POLICY / "seed1-T30-linear.json")
     assert (tuned.preset, tuned.config["net"]["activation"]) == ("linear", "identity")
     report = (out / "README.md").read_text()
     headline = report.split("## ROFU on one preset and on each data set's tuned preset")[0]

@@ -1,11 +1,13 @@
 """Bonus curves: the exploration bonus of the chosen arm, round by round, per policy.
 
-Each run records the bonus of the arm it chose in every round (`RunResult.bonus`); a curve
-is its mean over seeds, smoothed by a moving average. The ablation of the paper's section
-5.1 reads them: ROFU's bonus should grow with M, its ascent steps, and decay towards 0 as
-data accumulates. Policies without a bonus (Greedy, EpsilonGreedy: always 0) and runs
-written before bonuses were recorded are left out. `step_table` says how often ROFU's
-stability cap cut the ascent step, from the step each round recorded.
+Each run's summary keeps the bonus of the arm it chose as block means at `curve_rounds(T)`
+and, for the table, its sums and counts over the first and last tenth of the rounds after
+the warm start (`rofu.replay.simulation.summary.BonusSummary`); a curve is the mean over
+seeds, smoothed by a moving average. The ablation of the paper's section 5.1 reads them:
+ROFU's bonus should grow with M, its ascent steps, and decay towards 0 as data
+accumulates. Policies without a bonus (Greedy, EpsilonGreedy: always 0) and runs written
+before bonuses were recorded are left out. `step_table` says how often ROFU's stability
+cap cut the ascent step, from the steps each run's summary counted.
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ import re
 
 import numpy as np
 
-from rofu.replay.simulation.simulate import RunResult
+from rofu.replay.simulation.summary import TAIL, BonusSummary, RunSummary, curve_rounds
 
-Results = dict[str, dict[str, list[RunResult]]]
-TAIL = 0.1  # the share of the rounds the early and late means are taken over
+Results = dict[str, dict[str, list[RunSummary]]]
 
 
 def natural(name: str) -> list[str | int]:
@@ -32,27 +33,30 @@ def with_bonus(results: Results) -> Results:
     for bandit, by_policy in sorted(results.items()):
         for policy, runs in sorted(by_policy.items(), key=lambda item: natural(item[0])):
             recorded = [run for run in runs if run.bonus is not None]
-            if any(np.nanmax(np.abs(_finite(run)), initial=0.0) > 0 for run in recorded):
+            if any(_bonus(run).nonzero for run in recorded):
                 kept.setdefault(bandit, {})[policy] = recorded
     return kept
 
 
-def _finite(run: RunResult) -> np.ndarray:
-    """(T,) the run's bonus, NaN where it is not finite (warm start, cold start)."""
+def _bonus(run: RunSummary) -> BonusSummary:
     assert run.bonus is not None
-    return np.where(np.isfinite(run.bonus), run.bonus, np.nan)
+    return run.bonus
 
 
-def mean_curve(runs: list[RunResult]) -> np.ndarray:
-    """(T,) the bonus of the chosen arm averaged over seeds (NaN where no seed has one)."""
-    stacked = np.stack([_finite(run) for run in runs])  # (seeds, T)
+def mean_curve(runs: list[RunSummary]) -> tuple[np.ndarray, np.ndarray]:
+    """((n,) the rounds each block of the bonus curve ends at, (n,) the bonus of the chosen
+    arm averaged over seeds there, NaN where no seed has one)."""
+    stacked = np.array(
+        [[math.nan if v is None else v for v in _bonus(run).curve] for run in runs], dtype=float
+    )  # (seeds, n)
     counts = np.isfinite(stacked).sum(axis=0)
     total = np.nansum(stacked, axis=0)
-    return np.where(counts > 0, total / np.maximum(counts, 1), np.nan)
+    mean = np.where(counts > 0, total / np.maximum(counts, 1), np.nan)
+    return curve_rounds(runs[0].rounds, stacked.shape[1]), mean
 
 
 def smooth(curve: np.ndarray, window: int) -> np.ndarray:
-    """Moving average over the last `window` rounds, skipping NaN (NaN where all are)."""
+    """Moving average over the last `window` points, skipping NaN (NaN where all are)."""
     values = np.nan_to_num(curve)
     present = np.isfinite(curve).astype(float)
     kernel = np.ones(window)
@@ -61,14 +65,15 @@ def smooth(curve: np.ndarray, window: int) -> np.ndarray:
     return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
-def early_late(runs: list[RunResult]) -> tuple[float, float]:
-    """Mean bonus over the first and the last TAIL of the rounds that have one."""
-    curve = mean_curve(runs)
-    rounds = curve[np.isfinite(curve)]
-    if not rounds.size:
-        return math.nan, math.nan
-    tail = max(1, int(TAIL * rounds.size))
-    return float(rounds[:tail].mean()), float(rounds[-tail:].mean())
+def early_late(runs: list[RunSummary]) -> tuple[float, float]:
+    """Mean bonus over the first and the last TAIL of the rounds after the warm start,
+    pooled over seeds (NaN where no round has one)."""
+
+    def pooled(part: str) -> float:
+        sums, counts = zip(*(getattr(_bonus(run), part) for run in runs), strict=True)
+        return float(sum(sums) / sum(counts)) if sum(counts) else math.nan
+
+    return pooled("early"), pooled("late")
 
 
 def markdown_table(results: Results) -> str:
@@ -85,7 +90,7 @@ def markdown_table(results: Results) -> str:
         for policy, runs in by_policy.items():
             early, late = early_late(runs)
             ratio = f"{late / early:.2f}" if early > 0 else "n/a"
-            largest = max(float(np.nanmax(_finite(run), initial=0.0)) for run in runs)
+            largest = max(_bonus(run).largest for run in runs)
             lines.append(
                 f"| {bandit} | {policy} | {early:.4f} | {late:.4f} | {ratio} | {largest:.3g} |"
             )
@@ -99,17 +104,18 @@ def step_table(results: Results) -> str:
     lines = []
     for bandit, by_policy in sorted(results.items()):
         for policy, runs in sorted(by_policy.items(), key=lambda item: natural(item[0])):
-            recorded = [run for run in runs if run.ascent_step is not None and _set_step(run)]
+            recorded = [run.ascent for run in runs if run.ascent is not None]
             if not recorded:
                 continue
-            scale = np.concatenate([_scale(run) for run in recorded])  # (rounds,)
-            capped = scale[scale < 1.0 - 1e-9]
-            median = f"{np.median(capped):.3g}" if capped.size else "-"
-            smallest = f"{capped.min():.3g}" if capped.size else "-"
+            rounds = sum(steps.rounds for steps in recorded)
+            capped = sum(steps.capped for steps in recorded)
+            cuts = np.concatenate([steps.cuts() for steps in recorded])  # (capped,)
+            smallest = min((s.smallest for s in recorded if s.smallest is not None), default=None)
             lines.append(
                 f"| {bandit} | {policy} | {len(recorded)} of {len(runs)} | "
-                f"{_set_step(recorded[0]):g} | {capped.size / max(scale.size, 1):.1%} | "
-                f"{median} | {smallest} |"
+                f"{recorded[0].set_step:g} | {capped / max(rounds, 1):.1%} | "
+                f"{f'{np.median(cuts):.3g}' if cuts.size else '-'} | "
+                f"{'-' if smallest is None else f'{smallest:.3g}'} |"
             )
     if not lines:
         return ""
@@ -123,16 +129,3 @@ def step_table(results: Results) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     return "\n".join(head + lines) + "\n"
-
-
-def _set_step(run: RunResult) -> float:
-    """The step the run's configuration set (0 where it recorded none)."""
-    params = (run.config or {}).get("params") or {}
-    return float(params.get("step_size") or 0.0)
-
-
-def _scale(run: RunResult) -> np.ndarray:
-    """(rounds,) the recorded step over the set step, in the rounds that recorded one."""
-    assert run.ascent_step is not None
-    steps: np.ndarray = run.ascent_step[np.isfinite(run.ascent_step)] / _set_step(run)
-    return steps

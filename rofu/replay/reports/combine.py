@@ -1,8 +1,9 @@
 """`rofu replay --combine`: one report from the `results.json` of several report folders.
 
-The run files stay out of git, so this is how cells run at different times meet in one
-table: a later folder's cell replaces an earlier one's, or merges with it over disjoint
-seeds, and normalised regret, ranks and Wilcoxon tests are recomputed.
+Reports made before run summaries were committed keep only their `results.json`, so this
+is how cells run at different times meet in one table: a later folder's cell replaces an
+earlier one's, or merges with it over disjoint seeds, and normalised regret, ranks and
+Wilcoxon tests are recomputed.
 """
 
 from __future__ import annotations

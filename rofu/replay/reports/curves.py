@@ -1,4 +1,5 @@
-"""The replay report's figures (PNG): regret curves and bonus curves, one file per data set."""
+"""The replay report's figures (PNG): regret curves and bonus curves, one file per data set,
+drawn from the runs' summaries (at most `CURVE_POINTS` points a curve)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from rofu.replay.reports.bonus import Results, mean_curve, smooth, with_bonus
 from rofu.replay.reports.paired import reference_of
+from rofu.replay.simulation.summary import curve_rounds
 
 
 def plot_regret(results: Results, folder: Path) -> list[Path]:
@@ -20,10 +22,10 @@ def plot_regret(results: Results, folder: Path) -> list[Path]:
     for bandit, by_policy in sorted(results.items()):
         figure, axis = plt.subplots(figsize=(7, 4.5))
         for index, (policy, runs) in enumerate(sorted(by_policy.items())):
-            curves = np.stack([np.cumsum(r.pseudo_regret) for r in runs])  # (seeds, T)
+            curves = np.array([r.regret_curve for r in runs])  # (seeds, n)
             mean = curves.mean(axis=0)
             band = curves.std(axis=0, ddof=1) / math.sqrt(len(runs)) if len(runs) > 1 else 0
-            steps = np.arange(1, curves.shape[1] + 1)
+            steps = curve_rounds(runs[0].rounds)
             axis.plot(
                 steps,
                 mean,
@@ -52,10 +54,12 @@ def plot_bonus(results: Results, folder: Path) -> list[Path]:
     for bandit, by_policy in with_bonus(results).items():
         figure, (linear, log) = plt.subplots(1, 2, figsize=(11, 4.5))
         curves = {policy: mean_curve(runs) for policy, runs in by_policy.items()}
-        window = max(1, max(curve.size for curve in curves.values()) // 50)
+        points = max(curve.size for _, curve in curves.values())  # at most CURVE_POINTS
+        window = max(1, points // 50)  # points, a fiftieth of the rounds
+        rounds = max(int(steps[-1]) for steps, _ in curves.values())
         top = 0.0
-        for policy, curve in curves.items():
-            smoothed, steps = smooth(curve, window), np.arange(1, curve.size + 1)
+        for policy, (steps, curve) in curves.items():
+            smoothed = smooth(curve, window)
             label = f"{policy} ({len(by_policy[policy])} seeds)"
             for axis in (linear, log):
                 axis.plot(steps, smoothed, label=label)
@@ -63,7 +67,7 @@ def plot_bonus(results: Results, folder: Path) -> list[Path]:
         linear.set(ylim=(0, 1.1 * top or None), title=f"{bandit}: bonus of the chosen arm")
         log.set(yscale="log", title="the same, log axis, uncut")
         for axis in (linear, log):
-            axis.set(xlabel="round", ylabel=f"mean over seeds, last {window} rounds")
+            axis.set(xlabel="round", ylabel=f"mean over seeds, last {max(1, rounds // 50)} rounds")
         linear.legend(fontsize=8)
         paths.append(_save(figure, folder / f"bonus-{bandit}.png"))
     return paths

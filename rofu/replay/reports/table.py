@@ -12,7 +12,7 @@ import numpy as np
 from scipy import stats
 
 from rofu.replay.reports.paired import holm, paired_wilcoxon, reference_of, sem
-from rofu.replay.simulation.simulate import RunResult
+from rofu.replay.simulation.summary import RunSummary
 
 PAPER_ROUNDS = 20_000  # the running-time table's unit, as in the paper
 
@@ -46,14 +46,14 @@ class Cell:
         return bool(self.finals) and len(self.finals) == len(self.seeds)
 
 
-def _cpu_per_seed(runs: list[RunResult]) -> list[float]:
+def _cpu_per_seed(runs: list[RunSummary]) -> list[float]:
     """Each run's CPU seconds per round; empty when any run recorded no CPU time."""
     if any(r.cpu_seconds is None for r in runs):
         return []
     return [r.cpu_seconds / r.rounds for r in runs if r.cpu_seconds is not None]
 
 
-def summarise(results: dict[str, dict[str, list[RunResult]]]) -> dict[str, dict[str, Cell]]:
+def summarise(results: dict[str, dict[str, list[RunSummary]]]) -> dict[str, dict[str, Cell]]:
     """Cells for every data set and policy, with the cross-policy figures filled in."""
     table: dict[str, dict[str, Cell]] = {}
     for bandit, by_policy in results.items():

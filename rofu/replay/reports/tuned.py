@@ -23,9 +23,9 @@ from rofu.replay.reports.table import (
     summarise,
 )
 from rofu.replay.simulation.policies import TUNED_POLICY
-from rofu.replay.simulation.simulate import RunResult
+from rofu.replay.simulation.summary import RunSummary
 
-Results = dict[str, dict[str, list[RunResult]]]
+Results = dict[str, dict[str, list[RunSummary]]]
 Table = dict[str, dict[str, Cell]]
 
 
@@ -45,7 +45,7 @@ def split(results: Results) -> tuple[Results, Results]:
     return headline, tuned
 
 
-def _as_rofu(runs: list[RunResult] | None) -> dict[str, list[RunResult]]:
+def _as_rofu(runs: list[RunSummary] | None) -> dict[str, list[RunSummary]]:
     return {} if runs is None else {REFERENCE: runs}
 
 
@@ -85,7 +85,7 @@ def section(headline: Table, tuned: Table, results: Results) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _pair_row(bandit: str, one: Cell | None, by_policy: dict[str, list[RunResult]]) -> str:
+def _pair_row(bandit: str, one: Cell | None, by_policy: dict[str, list[RunSummary]]) -> str:
     """One data set's ROFU cell beside ROFU-tuned's (ROFU's own where it did not run)."""
     tuned_runs = by_policy.get(TUNED_POLICY)
     if one is None:
