@@ -115,9 +115,10 @@ def test_default_out_folder_is_git_ignored() -> None:
 
 
 def _readme_replay_commands() -> list[list[str]]:
-    """Every README line that runs `rofu replay`, after environment settings such as
-    `OMP_NUM_THREADS=1` (which the long studies' commands start with)."""
-    text = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    """Every line of the README and docs/ that runs `rofu replay`, after environment
+    settings such as `OMP_NUM_THREADS=1` (which the long studies' commands start with)."""
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    text = "\n".join(path.read_text() for path in files).replace("\\\n", " ")
     lines = [re.sub(r"^(\w+=\S*\s+)*", "", line.strip()) for line in text.splitlines()]
     return [shlex.split(line, comments=True) for line in lines if line.startswith("rofu replay ")]
 
