@@ -1,5 +1,7 @@
 """The rofu client: `RofuClient` (blocking) and `AsyncRofuClient` (asyncio), over httpx.
 
+    from datetime import UTC, datetime, timedelta
+
     from rofu.client import RofuClient
 
     with RofuClient("http://127.0.0.1:8000", api_key="...") as rofu:
@@ -7,7 +9,8 @@
         rofu.reward(decision.event_id, 1.0)
         shown = rofu.select([0.3, 0.1, 0.0, 0.2, 0.5, 0.0, 0.1, 0.9], defer=True)
         rofu.activate(shown.event_id)  # trained on only once the app showed it
-        for record in rofu.export(since="2026-12-01"):  # the decision log (admin key)
+        an_hour_ago = datetime.now(UTC) - timedelta(hours=1)
+        for record in rofu.export(since=an_hour_ago):  # the decision log (admin key)
             print(record.event_id, record.arm, record.reward, record.active)
 
 It needs httpx and pydantic only (`pip install rofu`; the service is `rofu[server]`).
