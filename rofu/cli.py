@@ -34,6 +34,7 @@ BENCHMARKS = {
     "kernel": ("rofu.bench.kernel", "the ROFU scoring kernel, side by side"),
     "load": ("rofu.bench.load", "the served API under concurrent clients"),
     "stability": ("rofu.bench.stability", "ROFU's ascent stability along a replay run"),
+    "bonus": ("rofu.bench.bonus", "the bonus's forms (ascent, closed, K-FAC) on one model"),
 }
 
 

@@ -160,7 +160,7 @@ def _prepare_closed(
     generator: torch.Generator,
     arm_features: Tensor | None,
 ) -> ClosedBasis:
-    return prepare_closed(net, theta, data, config, arm_features)
+    return prepare_closed(net, theta, data, config, generator, arm_features)
 
 
 def _closed_pairs(
@@ -174,7 +174,7 @@ def _closed_pairs(
     kernel: Kernel,
 ) -> PairScores:
     if not isinstance(basis, ClosedBasis):
-        basis = prepare_closed(net, theta, data, config, pairs.table)
+        basis = prepare_closed(net, theta, data, config, generator, pairs.table)
     query = features(net, theta, pairs.contexts, pairs.rows, pairs.table, pairs.owner)
     f0, gain = closed_gains(basis, query, pairs.weights, config)
     return [f0], [bonus(gain, config)]

@@ -70,12 +70,17 @@ def prepare_closed(
     theta: Params,
     data: RegulariserData,
     config: RofuConfig,
+    generator: torch.Generator,
     arm_features: Tensor | None,
 ) -> ClosedBasis:
-    """The basis for one checkpoint: the whole data sample's features and one eigh of K."""
+    """The basis for one checkpoint: the features of the data sample's rows (at most
+    `config.closed_rows` of them, drawn from `generator`) and one eigh of their Gram."""
     check_closed(config)
     device, dtype = next(iter(theta.values())).device, next(iter(theta.values())).dtype
     sample = data.sample.to(device, dtype)
+    if config.closed_rows is not None and len(sample) > config.closed_rows:
+        rows_drawn = torch.randperm(len(sample), generator=generator)[: config.closed_rows]
+        sample = sample.subset(rows_drawn.to(device))
     index, table = feature_rows(sample.arms, sample.features, arm_features)
     rows = features(net, theta, sample.x, index, table)
     gram = rows.kernel(rows).to(torch.float64)  # (m, m)
@@ -109,10 +114,10 @@ def span_share(basis: ClosedBasis, query: Features) -> Tensor:
 
     The rest is where only the prior acts, so a bonus made mostly of it is a count bonus.
     """
-    norm = query.square_norm().to(torch.float64)
+    norm = query.square_norm().detach().to(torch.float64)
     if basis.size == 0:
         return torch.zeros_like(norm)
-    projected = query.kernel(basis.rows).to(torch.float64) @ basis.eigenvectors  # (P, m)
+    projected = query.kernel(basis.rows).detach().to(torch.float64) @ basis.eigenvectors
     keep = basis.eigenvalues > SPAN_TOLERANCE * basis.eigenvalues.max().clamp_min(1e-300)
     inside = (projected[:, keep].square() / basis.eigenvalues[keep]).sum(dim=1)
     return (inside / norm.clamp_min(1e-300)).clamp(0.0, 1.0)

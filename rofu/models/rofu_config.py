@@ -63,6 +63,9 @@ class RofuConfig:
             ascent may run at, L the regulariser's curvature at the checkpoint
             (`rofu.models.rofu_stability`): the step is cut to cap / L where it exceeds it.
             Past rho = 2 the steps diverge; 1 keeps them monotone.
+        closed_rows: m, the rows of the data sample `ntk-closed` estimates the curvature on
+            (drawn once per checkpoint when the sample holds more; None: all of them). Its
+            per-checkpoint cost grows as m^3 and its per-pair cost as m^2.
 
     Each field is declared once (`rofu.models.hyper`): its bounds, and its key in the
     replay's variant names (`ROFU@step=0.1`); the service's `ROFU_*` settings and the
@@ -84,6 +87,7 @@ class RofuConfig:
     exploration_floor: float = hyper(0.0, key="floor", low=0.0, high=1.0)
     igw_gamma: float = hyper(100.0, key="gamma", low=0.0)
     stability_cap: float | None = hyper(None, key="cap", low=0.0, low_open=True)
+    closed_rows: int | None = hyper(1024, key="rows", low=1)
 
     def __post_init__(self) -> None:
         check_hypers(self)

@@ -19,7 +19,7 @@ from tests.factories import arm_features, make_data, make_net
 def _closed(net, contexts, data, config):
     """(B, A) mean and bonus of every arm from the closed form."""
     theta = dict(net.named_parameters())
-    basis = prepare_closed(net, theta, data, config, None)
+    basis = prepare_closed(net, theta, data, config, torch.Generator(), None)
     n_contexts, n_arms = contexts.shape[0], net.config.n_arms
     owner = torch.arange(n_contexts).repeat_interleave(n_arms)
     arms = torch.arange(n_arms).repeat(n_contexts)
@@ -103,14 +103,16 @@ def test_rofu_closed_needs_a_positive_l2():
     net = make_net(hidden=(4,))
     data = make_data(20, 6, 4)
     with pytest.raises(ValueError, match="l2 must be > 0"):
-        prepare_closed(net, dict(net.named_parameters()), data, RofuConfig(l2=0.0), None)
+        prepare_closed(
+            net, dict(net.named_parameters()), data, RofuConfig(l2=0.0), torch.Generator(), None
+        )
 
 
 def test_rofu_closed_span_share_is_one_for_a_sample_row_and_less_outside():
     net = make_net(hidden=(32, 32))  # P far above the 30 rows
     data = make_data(30, 6, 4, seed=9)
     theta = dict(net.named_parameters())
-    basis = prepare_closed(net, theta, data, RofuConfig(l2=1.0), None)
+    basis = prepare_closed(net, theta, data, RofuConfig(l2=1.0), torch.Generator(), None)
     own = features(net, theta, data.sample.x[:3], data.sample.arms[:3], None)
     fresh = features(net, theta, _contexts(3, 6, seed=11), torch.tensor([0, 1, 2]), None)
     torch.testing.assert_close(span_share(basis, own), torch.ones(3, dtype=torch.float64))
@@ -187,3 +189,20 @@ def test_rofu_settings_refuse_a_closed_form_without_l2_naming_it():
     with pytest.raises(ValidationError, match="l2 must be > 0 for estimator 'ntk-closed'"):
         Settings(estimator="ntk-closed", _env_file=None)
     assert Settings(estimator="ntk-closed", l2=1.0).rofu_config().estimator == "ntk-closed"
+
+
+def test_rofu_closed_estimates_the_curvature_on_at_most_closed_rows():
+    net = make_net(hidden=(8,))
+    data = make_data(300, 6, 4, seed=2)
+    theta = dict(net.named_parameters())
+    drawn = prepare_closed(
+        net, theta, data, RofuConfig(l2=1.0, closed_rows=50), torch.Generator(), None
+    )
+    every = prepare_closed(
+        net, theta, data, RofuConfig(l2=1.0, closed_rows=None), torch.Generator(), None
+    )
+    assert (drawn.size, every.size) == (50, 300)
+    again = prepare_closed(
+        net, theta, data, RofuConfig(l2=1.0, closed_rows=50), torch.Generator(), None
+    )
+    torch.testing.assert_close(again.eigenvalues, drawn.eigenvalues)  # one draw per generator
