@@ -29,7 +29,7 @@ NO_RUN = re.compile(r"^<!-- doc-test: no-run \((?P<why>[^)]+)\) -->$")
 FENCE = re.compile(r"^```(?P<lang>\S*)\s*$")
 #: harness command -> (module, function) building the parser that takes its arguments
 HARNESS_PARSERS = {
-    "replay": ("rofu.replay.cli", "build_parser"),
+    "replay": ("rofu.replay.arguments", "build_parser"),
     "ope": ("rofu.replay.ope_cli", "build_ope_parser"),
     "evaluate": ("rofu.evaluation.evaluate", "build_parser"),
 }

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rofu.models.validation import check_choice, check_int
-from rofu.replay.cli import DEFAULT_OUT, parse_names
+from rofu.replay.arguments import DEFAULT_OUT, parse_names
 from rofu.replay.ope import ESTIMATORS, Estimate, behavior_value, evaluate
 from rofu.replay.simulation.obd import POLICY_NOTES, default_policies, load_obd
 

@@ -13,7 +13,7 @@ from rofu import cli
 
 #: command -> (module, function) building the parser that takes its arguments
 HARNESS_PARSERS = {
-    "replay": ("rofu.replay.cli", "build_parser"),
+    "replay": ("rofu.replay.arguments", "build_parser"),
     "ope": ("rofu.replay.ope_cli", "build_ope_parser"),
     "evaluate": ("rofu.evaluation.evaluate", "build_parser"),
 }

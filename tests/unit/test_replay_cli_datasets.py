@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rofu.replay.cli import DEFAULT_OUT, build_parser, main
+from rofu.replay.arguments import DEFAULT_OUT, build_parser
+from rofu.replay.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 

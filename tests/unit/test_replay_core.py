@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from rofu.models.presets import PRESETS, PRODUCT
-from rofu.replay.cli import build_parser, main, parse_seeds
+from rofu.replay.arguments import build_parser, parse_seeds
+from rofu.replay.cli import main
 from rofu.replay.reports.combine import combine
 from rofu.replay.reports.paired import holm
 from rofu.replay.reports.report import json_safe, write_report
