@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -211,13 +212,13 @@ def main(argv: list[str] | None = None) -> int:
         "load_average": [round(v, 2) for v in os.getloadavg()],
         "matmul_gflops": matmul_gflops(torch.device("cpu"), args.repeats),
         "torch_threads": torch.get_num_threads(),
-        "datasets": {
-            name: measure_dataset(
-                name, args.rounds, args.seed, args.contexts, configs, args.repeats
-            )
-            for name in names
-        },
+        "datasets": {},
     }
+    for name in names:
+        print(f"rofu bench bonus: {name}, {args.rounds} rounds ...", file=sys.stderr, flush=True)
+        result["datasets"][name] = measure_dataset(
+            name, args.rounds, args.seed, args.contexts, configs, args.repeats
+        )
     result["load_average_after"] = [round(v, 2) for v in os.getloadavg()]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
