@@ -15,6 +15,8 @@ from collections.abc import Callable
 from importlib import import_module
 from types import ModuleType
 
+from pydantic import ValidationError
+
 #: The service's commands (`rofu.service.cli`), which need the `server` extra.
 SERVER_COMMANDS = ("serve", "migrate", "trainer", "pin", "unpin", "export")
 #: What the service needs beyond the client (the `server` extra), as module names.
@@ -111,11 +113,39 @@ def _bench(parser: argparse.ArgumentParser, which: str | None, rest: list[str]) 
     return _harness(BENCHMARKS[which][0], "main")(rest)
 
 
+def configuration_errors(exc: ValidationError) -> list[str]:
+    """One line per mistake in the settings: the setting, the value given, what is wrong."""
+    lines = []
+    for error in exc.errors():
+        message = str(error["msg"]).removeprefix("Value error, ")
+        loc = [str(part) for part in error["loc"]]
+        if not loc:  # a check of several settings together: its message names them
+            lines.append(f"rofu: configuration error: {message}")
+            continue
+        name = "ROFU_" + loc[0].upper() + "".join(f"[{part}]" for part in loc[1:])
+        lines.append(f"rofu: configuration error: {name}={error['input']!r}: {message}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Dispatch `rofu <command> ...`."""
+    """Dispatch `rofu <command> ...`; a mistake in the settings is one line per mistake and
+    exit status 2 (`rofu --debug ...` shows the traceback instead)."""
+    argv = sys.argv[1:] if argv is None else argv
+    debug = bool(argv) and argv[0] == "--debug"
+    try:
+        return _dispatch(argv[1:] if debug else argv)
+    except ValidationError as exc:
+        if debug or exc.title != "Settings":
+            raise
+        for line in configuration_errors(exc):
+            print(line, file=sys.stderr)
+        return 2
+
+
+def _dispatch(argv: list[str]) -> int:
     service = service_cli()
     parser = build_parser(service)
-    args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
         return _bench(args.bench_parser, args.which, rest)
     if args.command in HARNESS:
