@@ -19,7 +19,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor
 
-from rofu.models.data import RegulariserData, Transitions
+from rofu.models.data import Prequential, RegulariserData, Transitions
 from rofu.models.networks import RewardNet, RewardNetConfig
 
 FORMAT = "rofu-checkpoint"
@@ -39,8 +39,10 @@ class Checkpoint:
         version: monotonically increasing model version.
         net_config: constructor arguments of the network.
         state: the network's state dict (theta).
-        data: the regulariser's data sample, |D| and per-arm counts; for an arm-feature
-            network its rows may carry the arm features they were scored with.
+        data: the regulariser's data sample, |D|, per-arm counts and the prequential
+            noise (metadata `noise_total`/`noise_weight`, absent when not tracked); for an
+            arm-feature network its rows may carry the arm features they were scored with.
+            A standardising network's running statistics are buffers in `state`.
         arm_features: (A, F) arm features for an arm-feature network, else None.
         metrics: training metrics of the fit that produced theta.
         extra: caller-defined string fields (e.g. a trainer's high-water mark).
@@ -87,6 +89,9 @@ def dump_checkpoint(checkpoint: Checkpoint) -> bytes:
         "metrics": json.dumps(checkpoint.metrics, sort_keys=True),
         "extra": json.dumps(checkpoint.extra, sort_keys=True),
     }
+    noise = checkpoint.data.noise
+    if noise is not None:
+        metadata |= {"noise_total": repr(noise.total), "noise_weight": repr(noise.weight)}
     metadata["checksum"] = _digest(tensors, metadata)
     return bytes(st_save(tensors, metadata=metadata))
 
@@ -142,7 +147,10 @@ def _rebuild(tensors: dict[str, Tensor], metadata: dict[str, str]) -> Checkpoint
         tensors["data/rewards"],
         tensors.get("data/features"),
     )
-    data = RegulariserData(sample, int(metadata["n_total"]), tensors["data/arm_counts"])
+    noise = None
+    if "noise_total" in metadata:  # checkpoints before the noise was tracked have none
+        noise = Prequential(float(metadata["noise_total"]), float(metadata["noise_weight"]))
+    data = RegulariserData(sample, int(metadata["n_total"]), tensors["data/arm_counts"], noise)
     metrics: Any = json.loads(metadata["metrics"])
     extra: Any = json.loads(metadata["extra"])
     if not isinstance(metrics, dict) or not isinstance(extra, dict):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -9,6 +10,7 @@ from torch import Tensor
 
 from rofu.models.validation import (
     as_context_shape,
+    check_float,
     check_float_tensor,
     check_int,
     describe_contexts,
@@ -118,6 +120,47 @@ def feature_rows(
 
 
 @dataclass(frozen=True)
+class Prequential:
+    """An exponentially weighted mean of squared prequential residuals.
+
+    After rows with squared residuals e_1..e_n (each scored by the model before the refit
+    that trains on it), with decay d:
+    total <- d^n total + sum_i d^(n-i) e_i and weight <- d^n weight + sum_i d^(n-i);
+    the estimate is total / weight (bias-corrected: the first row's e_1 exactly; d = 1
+    gives the plain mean).
+
+    Attributes:
+        total: the weighted sum of squared residuals.
+        weight: the sum of the weights.
+    """
+
+    total: float = 0.0
+    weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_float("total", self.total, low=0.0)
+        check_float("weight", self.weight, low=0.0)
+
+    @property
+    def variance(self) -> float | None:
+        """total / weight; None before any row."""
+        return self.total / self.weight if self.weight > 0 else None
+
+    def updated(self, squared: Tensor, decay: float) -> Prequential:
+        """This mean after the rows' squared residuals (N,), in row order."""
+        check_float("decay", decay, low=0.0, high=1.0, low_open=True)
+        n = int(squared.numel())
+        if n == 0:
+            return self
+        powers = decay ** torch.arange(n - 1, -1, -1, dtype=torch.float64)  # (N,) d^(n-i)
+        values = squared.detach().to("cpu", torch.float64).flatten()
+        return Prequential(
+            decay**n * self.total + float((powers * values).sum()),
+            decay**n * self.weight + float(powers.sum()),
+        )
+
+
+@dataclass(frozen=True)
 class RegulariserData:
     """What ROFU's regulariser needs from the logged data D.
 
@@ -125,11 +168,19 @@ class RegulariserData:
         sample: a uniform sample of D (all of D when small enough).
         n_total: |D|, the number of logged transitions the sample stands for.
         arm_counts: (A,) int64 pulls per arm over all of D; sums to `n_total`.
+        noise: the served model's prequential squared residuals over D, from which
+            `RofuConfig(noise="prequential")` takes sigma^2 (`rofu.models.scaling`);
+            None: not tracked.
     """
 
     sample: Transitions
     n_total: int
     arm_counts: Tensor
+    noise: Prequential | None = None
+
+    def with_sample(self, sample: Transitions) -> RegulariserData:
+        """The same |D|, counts and noise with another sample (moved or subset)."""
+        return dataclasses.replace(self, sample=sample)
 
     def __post_init__(self) -> None:
         check_int("n_total", self.n_total, low=len(self.sample))
@@ -142,6 +193,8 @@ class RegulariserData:
             raise ValueError(f"arm_counts sums to {int(counts.sum())}, n_total is {self.n_total}")
         if len(self.sample) and int(self.sample.arms.max()) >= counts.numel():
             raise ValueError("sample.arms has an arm index beyond arm_counts")
+        if self.noise is not None and not isinstance(self.noise, Prequential):
+            raise TypeError(f"noise must be a Prequential, got {type(self.noise).__name__}")
 
 
 class DataBuffer:
@@ -177,6 +230,7 @@ class DataBuffer:
         self._size = 0
         self.n_total = 0
         self.arm_counts = torch.zeros(0, dtype=torch.int64)
+        self.noise: Prequential | None = None
 
     def __len__(self) -> int:
         return self._size
@@ -209,7 +263,12 @@ class DataBuffer:
             buffer._put_rows(sample, len(sample))
         buffer.n_total = data.n_total
         buffer.arm_counts = data.arm_counts.clone()
+        buffer.noise = data.noise
         return buffer
+
+    def score_residuals(self, squared: Tensor, decay: float) -> None:
+        """Fold new rows' squared prequential residuals (N,) into `noise` (`Prequential`)."""
+        self.noise = (self.noise or Prequential()).updated(squared, decay)
 
     def append(self, batch: Transitions) -> None:
         """Add transitions; once `max_size` rows are held, later rows enter the reservoir."""
@@ -282,7 +341,7 @@ class DataBuffer:
         counts = self.arm_counts
         if n_arms is not None and n_arms > counts.numel():
             counts = torch.cat([counts, torch.zeros(n_arms - counts.numel(), dtype=torch.int64)])
-        return RegulariserData(self.view(), self.n_total, counts.clone())
+        return RegulariserData(self.view(), self.n_total, counts.clone(), self.noise)
 
 
 def _resized(tensor: Tensor, rows: int) -> Tensor:

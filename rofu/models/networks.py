@@ -61,6 +61,11 @@ class RewardNetConfig:
     `init_scale == 0` keeps PyTorch's default (Kaiming-uniform) initialisation; a positive
     value draws every weight and bias from U(-init_scale, init_scale), as the Deep Bayesian
     Bandits Showdown does (init_scale 0.3). Initialisation is deterministic in `seed`.
+
+    `standardise` makes the network f(x) = mu_r + s_r g((x - mu_x) / s_x), the means and
+    scales running statistics of the contexts and rewards it has observed (`observe`,
+    Welford's), kept as buffers in its state (so in every checkpoint); `fit` trains g on
+    (r - mu_r) / s_r. Off (the default) the network is g itself.
     """
 
     context_dim: int
@@ -72,6 +77,7 @@ class RewardNetConfig:
     dropout: float = 0.0
     init_scale: float = 0.0
     seed: int = 0
+    standardise: bool = False
 
     def __post_init__(self) -> None:
         check_int("context_dim", self.context_dim, low=1)
@@ -88,8 +94,9 @@ class RewardNetConfig:
         for width in self.hidden:
             check_int("hidden", width, low=1)
         check_choice("activation", self.activation, ACTIVATIONS)
-        if not isinstance(self.bias, bool):
-            raise TypeError(f"bias must be a bool, got {type(self.bias).__name__}")
+        for name in ("bias", "standardise"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
         check_float("dropout", self.dropout, low=0.0, high=0.99)
         check_float("init_scale", self.init_scale, low=0.0)
         check_int("seed", self.seed, low=0)
@@ -100,8 +107,12 @@ class RewardNetConfig:
         return self.n_arms >= 1
 
     def to_json(self) -> str:
-        """Serialise to a canonical JSON string."""
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        """Serialise to a canonical JSON string (`standardise` only when on, so a plain
+        network's document is what it was before the field existed)."""
+        fields = dataclasses.asdict(self)
+        if not self.standardise:
+            del fields["standardise"]
+        return json.dumps(fields, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> RewardNetConfig:
@@ -130,6 +141,12 @@ class RewardNet(RewardModel):
     passed, so every other call is deterministic and needs no train/eval switching.
     """
 
+    stat_count: Tensor  # buffers of a standardising network (`observe`)
+    x_mean: Tensor
+    x_m2: Tensor
+    r_mean: Tensor
+    r_m2: Tensor
+
     def __init__(self, config: RewardNetConfig) -> None:
         super().__init__(
             (config.context_dim,), n_arms=config.n_arms, arm_feature_dim=config.arm_feature_dim
@@ -142,7 +159,45 @@ class RewardNet(RewardModel):
             for w_in, w_out in zip(widths, [*widths[1:], out_dim], strict=True)
         )
         self.activation = ACTIVATIONS[config.activation]
+        if config.standardise:  # Welford's count, means and summed squared deviations
+            d = config.context_dim
+            for name, width in (("stat_count", 1), ("x_mean", d), ("x_m2", d)):
+                self.register_buffer(name, torch.zeros(width))
+            self.register_buffer("r_mean", torch.zeros(1))  # (1,): safetensors stores no 0-d
+            self.register_buffer("r_m2", torch.zeros(1))
         self.reset_parameters()
+
+    def observe(self, x: Tensor, rewards: Tensor) -> None:
+        """Fold (N, D) contexts and (N,) rewards into the running statistics (Chan et
+        al.'s batch form of Welford's update); a no-op unless `config.standardise`."""
+        if not self.config.standardise or x.shape[0] == 0:
+            return
+        with torch.no_grad():
+            n_old, n_new = self.stat_count.clone(), float(x.shape[0])
+            total = n_old + n_new
+            pairs = ((x, self.x_mean, self.x_m2), (rewards[:, None], self.r_mean, self.r_m2))
+            for data, mean, m2 in pairs:
+                data = data.to(mean)
+                batch_mean = data.mean(dim=0)
+                delta = batch_mean - mean
+                m2 += (data - batch_mean).square().sum(
+                    dim=0
+                ) + delta.square() * n_old * n_new / total
+                mean += delta * n_new / total
+            self.stat_count.fill_(float(total))
+
+    def context_moments(self) -> tuple[Tensor, Tensor]:
+        """(mu_x, s_x), each (D,): zeros and ones unless standardising."""
+        ones = torch.ones(self.config.context_dim)
+        if not self.config.standardise:
+            return ones * 0.0, ones
+        return self.x_mean, _scale(self.x_m2, self.stat_count)
+
+    def reward_moments(self) -> tuple[Tensor, Tensor]:
+        """(mu_r, s_r): 0 and 1 unless standardising."""
+        if not self.config.standardise:
+            return torch.zeros(()), torch.ones(())
+        return self.r_mean[0], _scale(self.r_m2, self.stat_count)[0]
 
     def reset_parameters(self) -> None:
         """Initialise every parameter deterministically from `config.seed`."""
@@ -174,7 +229,9 @@ class RewardNet(RewardModel):
         return h
 
     def inputs(self, x: Tensor, arms: Tensor, arm_features: Tensor | None) -> Tensor:
-        """Network inputs of (context, arm) pairs: (N, D), (N,) -> (N, D [+F])."""
+        """Network inputs of (context, arm) pairs: (N, D), (N,) -> (N, D [+F]); standardised
+        contexts under `config.standardise`."""
+        x = self._standardised(x)
         if self.config.per_arm_outputs:
             return x
         if arm_features is None:
@@ -190,10 +247,22 @@ class RewardNet(RewardModel):
     ) -> Tensor:
         """Predicted reward of each (context, arm) pair: (N, D), (N,) -> (N,)."""
         h = self.hidden_features(self.inputs(x, arms, arm_features), dropout_generator)
-        out: Tensor = self.layers[-1](h)  # (N, A) or (N, 1)
+        out: Tensor = self._rescaled(self.layers[-1](h))  # (N, A) or (N, 1)
         if self.config.per_arm_outputs:
             return out.gather(1, arms[:, None]).squeeze(1)  # (N,)
         return out.squeeze(1)  # (N,)
+
+    def _standardised(self, x: Tensor) -> Tensor:
+        if not self.config.standardise:
+            return x
+        shift, scale = self.context_moments()
+        return (x - shift) / scale
+
+    def _rescaled(self, out: Tensor) -> Tensor:
+        if not self.config.standardise:
+            return out
+        shift, scale = self.reward_moments()
+        return shift + scale * out
 
     def score_all(
         self,
@@ -203,7 +272,8 @@ class RewardNet(RewardModel):
     ) -> Tensor:
         """Predicted reward of every arm for every context: (B, D) -> (B, A)."""
         if self.config.per_arm_outputs:
-            scores: Tensor = self.layers[-1](self.hidden_features(x, dropout_generator))
+            h = self.hidden_features(self._standardised(x), dropout_generator)
+            scores: Tensor = self._rescaled(self.layers[-1](h))
             return scores  # (B, A)
         if arm_features is None:
             raise ValueError("arm_features is required by an arm-feature network")
@@ -211,3 +281,10 @@ class RewardNet(RewardModel):
         arms = torch.arange(n_arms, device=x.device).repeat(batch)  # (B*A,)
         pairs = x.repeat_interleave(n_arms, dim=0)  # (B*A, D)
         return self.forward(pairs, arms, arm_features, dropout_generator).view(batch, n_arms)
+
+
+def _scale(m2: Tensor, count: Tensor) -> Tensor:
+    """sqrt(m2 / count), 1 where fewer than two rows or a variance of 0 were observed."""
+    variance = m2 / count.clamp_min(1.0)
+    usable = (count >= 2) & (variance > 0)
+    return torch.where(usable, variance.clamp_min(1e-300).sqrt(), torch.ones_like(variance))

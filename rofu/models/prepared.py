@@ -7,6 +7,10 @@ estimator on a GPU, the CUDA graphs (`rofu.models.rofu_graphs`). `prepare` does 
 once and returns a `PreparedModel`; `score` is the one scoring path. The service's
 snapshots, the replay's `RofuPolicy`, the benchmarks and `rofu evaluate` all go through
 these two functions, so that what is timed and evaluated is what is served.
+
+Preparing also resolves the reward's scale (`rofu.models.scaling`): sigma^2 under
+`RofuConfig(noise="prequential")` into eta and l2, and a standardising network into its
+plain g, its data in g's units and the `Standardiser` that `score` maps g's scores back with.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from rofu.models.rofu import checkpoint_inputs, rofu_scores
 from rofu.models.rofu_config import CLOSED_FORMS, RofuConfig
 from rofu.models.rofu_graphs import GraphedExact
 from rofu.models.rofu_stability import resolve_step
+from rofu.models.scaling import Standardiser, scoring_inputs
 from rofu.models.scores import Scores
 
 
@@ -39,6 +44,8 @@ class PreparedModel:
         arm_features: (A, F) arm features on the network's device, or None.
         basis: the estimator's per-checkpoint basis (`ntk` and the closed forms), or None.
         graphs: the exact estimator's CUDA graphs, or None.
+        standardiser: maps g's scores to the reward's scale (a standardising network's;
+            `net` and `data` are then g and its data in g's units), or None.
     """
 
     net: RewardModel
@@ -47,10 +54,13 @@ class PreparedModel:
     arm_features: Tensor | None = None
     basis: Basis | None = None
     graphs: GraphedExact | None = None
+    standardiser: Standardiser | None = None
 
     def with_data(self, data: RegulariserData) -> PreparedModel:
         """The same preparation scoring with `data` (|D| and arm counts grown since; the
-        basis and step stay the checkpoint's). Graphs hold their own data: dropped."""
+        basis, step and scale stay the checkpoint's). Graphs hold their own data: dropped."""
+        if self.standardiser is not None:
+            data = self.standardiser.data(data)
         return dataclasses.replace(self, data=data, graphs=None)
 
     def without_graphs(self) -> PreparedModel:
@@ -85,9 +95,10 @@ def prepare(
         ValueError, TypeError: on a bad argument, naming it.
     """
     estimator = get_estimator(config.estimator)
+    net, data, config, standardiser = scoring_inputs(net, data, config)
     theta, arm_features = checkpoint_inputs(net, data, arm_features, None)
     device = next(iter(theta.values())).device
-    data = RegulariserData(data.sample.to(device), data.n_total, data.arm_counts)
+    data = data.with_sample(data.sample.to(device))
     if config.stability_cap is not None and config.estimator not in CLOSED_FORMS:
         config = resolve_step(net, data, config, theta, arm_features)
     with torch.no_grad(), evaluating(net):
@@ -98,7 +109,7 @@ def prepare(
             graphs = GraphedExact(net, data, config, arm_features=arm_features)
         except ValueError:  # a setting it cannot capture (drift with l2): stay eager
             graphs = None
-    return PreparedModel(net, data, config, arm_features, basis, graphs)
+    return PreparedModel(net, data, config, arm_features, basis, graphs, standardiser)
 
 
 def score(
@@ -125,8 +136,24 @@ def score(
     Returns:
         Scores with (B, A) mean and bonus; NaN off the candidates.
     """
+    standardiser = prepared.standardiser
+    if standardiser is not None:
+        contexts = standardiser.contexts(contexts)
     if prepared.graphs is not None and pair_features is None and kernel == "fast":
-        return prepared.graphs(contexts, generator, candidates)
+        scores = prepared.graphs(contexts, generator, candidates)
+    else:
+        scores = _eager(prepared, contexts, generator, candidates, pair_features, kernel)
+    return scores if standardiser is None else standardiser.scores(scores)
+
+
+def _eager(
+    prepared: PreparedModel,
+    contexts: Tensor,
+    generator: torch.Generator,
+    candidates: Tensor | None,
+    pair_features: Tensor | None,
+    kernel: Kernel,
+) -> Scores:
     return rofu_scores(
         prepared.net,
         contexts,

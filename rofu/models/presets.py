@@ -55,7 +55,8 @@ class RofuPreset:
     def net(
         self, context_dim: int, n_arms: int, seed: int, *, arm_feature_dim: int = 0
     ) -> RewardNetConfig:
-        """The network this preset builds for a problem's shape."""
+        """The network this preset builds for a problem's shape (standardising when its
+        learner standardises, `FitConfig.standardise`)."""
         return RewardNetConfig(
             context_dim=context_dim,
             n_arms=n_arms,
@@ -64,6 +65,7 @@ class RofuPreset:
             init_scale=self.init_scale,
             arm_feature_dim=arm_feature_dim,
             seed=seed,
+            standardise=self.schedule.fit.standardise,
         )
 
     @property

@@ -25,6 +25,11 @@ runs them on the network's first-order expansion (`rofu.models.rofu_ntk`: rank-o
 a `RewardNet`, explicit per-row gradients otherwise), from an `NtkBasis` that can be
 prepared once per checkpoint. Both run the network in eval mode (batch norm on its running
 statistics) and restore the caller's mode afterwards.
+
+With `RofuConfig(noise="prequential")` R's data term is divided by 2 sigma^2, sigma^2 from
+`data.noise`: every estimator then runs with eta / (2 sigma^2) and 2 sigma^2 l2 in place of
+eta and l2 (`rofu.models.scaling.resolve_noise`, applied here and in
+`rofu.models.prepared.prepare`). A standardising `RewardNet` is scored through `prepare`.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from rofu.models.estimators import (
     chunk_pairs,
     get_estimator,
 )
+from rofu.models.networks import RewardNet
 from rofu.models.reward_model import RewardModel, evaluating
 from rofu.models.rofu_config import (
     BASELINES,
@@ -55,6 +61,7 @@ from rofu.models.rofu_config import (
 )
 from rofu.models.rofu_ntk import NtkBasis, prepare_ntk
 from rofu.models.rofu_stability import ascent_stiffness, resolve_step
+from rofu.models.scaling import resolve_noise
 from rofu.models.scores import Scores
 from rofu.models.validation import (
     check_choice,
@@ -133,6 +140,7 @@ def rofu_scores(
     if torch.is_inference_mode_enabled():
         raise RuntimeError("rofu_scores needs gradients; do not call it under inference_mode")
     check_choice("kernel", kernel, KERNELS)
+    config = resolve_noise(config, data.noise if isinstance(data, RegulariserData) else None)
     theta = _parameters(net, params)
     device, dtype = next(iter(theta.values())).device, next(iter(theta.values())).dtype
     contexts, arm_features, mask = _validated(net, contexts, data, candidates, arm_features)
@@ -189,6 +197,7 @@ def ntk_basis(
     |D| and the arm counts may change afterwards (they enter only the per-pair weights).
     """
     theta, arm_features = checkpoint_inputs(net, data, arm_features, params)
+    config = resolve_noise(config, data.noise)
     with torch.no_grad(), evaluating(net):
         return prepare_ntk(net, theta, data, config, generator, arm_features)
 
@@ -207,6 +216,7 @@ def checkpoint_config(
     if config.stability_cap is None:
         return config
     theta, arm_features = checkpoint_inputs(net, data, arm_features, params)
+    config = resolve_noise(config, data.noise)
     return resolve_step(net, data, config, theta, arm_features)
 
 
@@ -222,6 +232,7 @@ def ascent_rho(
     largest curvature at these parameters and data (`rofu.models.rofu_stability`). The ascent
     is monotone up to 1 and diverges past 2."""
     theta, arm_features = checkpoint_inputs(net, data, arm_features, params)
+    config = resolve_noise(config, data.noise)
     return ascent_stiffness(net, data, config, theta, arm_features)
 
 
@@ -245,6 +256,11 @@ def _parameters(net: RewardModel, params: Params | None) -> Params:
     if not isinstance(net, RewardModel):
         raise TypeError(
             f"net must be a RewardModel (rofu.models.reward_model), got {type(net).__name__}"
+        )
+    if isinstance(net, RewardNet) and net.config.standardise:
+        raise ValueError(
+            "net standardises its inputs and rewards: score it through "
+            "rofu.models.prepared.prepare and score, which map g's scores back"
         )
     source = params if params is not None else dict(net.named_parameters())
     expected = {name for name, _ in net.named_parameters()}

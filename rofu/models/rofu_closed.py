@@ -16,6 +16,12 @@ sample's Gram K = J J^T (m, m) and k_q = J g_q (m,),
 and one eigendecomposition K = V diag(mu) V^T per checkpoint serves every weight w (one per
 arm under `arm_count`): k_q^T (K + c I)^-1 k_q = sum_i (V^T k_q)_i^2 / (mu_i + c). No step
 size, no stability cap, no M. Needs l2 > 0: without it Z is singular outside the sample's span.
+
+Noise (`RofuConfig.noise`, `rofu.models.scaling`): with R's data term divided by 2 sigma^2
+(eta -> eta / (2 sigma^2), l2 -> 2 sigma^2 l2) the gain is
+2 sigma^2 g_q^T (2 sigma^2 l2 / w I + J^T J / m)^-1 g_q / (2 eta w), that is
+(|g_q|^2 - k_q^T (K + 2 sigma^2 c I)^-1 k_q) / (2 eta l2): LinUCB's sigma^2 x^T (X^T X +
+sigma^2 lambda I)^-1 x, a bonus that grows with sigma. sigma^2 = 1/2 is today's.
 """
 
 from __future__ import annotations

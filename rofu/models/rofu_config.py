@@ -14,6 +14,7 @@ from rofu.models.selection import SELECTIONS, SelectionRule
 REGULARISERS = ("dataset", "arm_count")
 BASELINES = ("start", "drift")
 ESTIMATORS = ("exact", "ntk", "ntk-closed", "ntk-kfac")
+NOISES = ("fixed", "prequential")
 #: The estimators that solve the linearised objective exactly: no step, no M, and l2 > 0.
 CLOSED_FORMS = ("ntk-closed", "ntk-kfac")
 
@@ -66,6 +67,12 @@ class RofuConfig:
         closed_rows: m, the rows of the data sample `ntk-closed` estimates the curvature on
             (drawn once per checkpoint when the sample holds more; None: all of them). Its
             per-checkpoint cost grows as m^3 and its per-pair cost as m^2.
+        noise: sigma^2 of R read as a Gaussian log-likelihood, sum (f - r)^2 / (2 sigma^2)
+            plus the prior l2 |theta|^2 (`rofu.models.scaling`): `fixed`, sigma^2 = 1/2 (R
+            = w MSE, the paper's), or `prequential`, the served model's exponentially
+            weighted squared residual on rows it had not been trained on
+            (`RegulariserData.noise`), so the bonus scales with sigma. Every estimator
+            applies it as eta -> eta / (2 sigma^2) and l2 -> 2 sigma^2 l2.
 
     Each field is declared once (`rofu.models.hyper`): its bounds, and its key in the
     replay's variant names (`ROFU@step=0.1`); the service's `ROFU_*` settings and the
@@ -88,6 +95,7 @@ class RofuConfig:
     igw_gamma: float = hyper(100.0, key="gamma", low=0.0)
     stability_cap: float | None = hyper(None, key="cap", low=0.0, low_open=True)
     closed_rows: int | None = hyper(1024, key="rows", low=1)
+    noise: str = hyper("fixed", choices=NOISES)
 
     def __post_init__(self) -> None:
         check_hypers(self)

@@ -8,6 +8,11 @@ first layer's product with the minibatch rows is a single broadcast matmul. Para
 are updated in place; the last step forms no weight gradient (theta_M's output at the
 query follows from that step's deltas and input products); pairs run in chunks of
 `rofu.models.rofu.chunk_pairs`.
+
+Noise (`RofuConfig.noise`, `rofu.models.scaling`): each step descends
+MSE + (l2 / w) |theta|^2 - f / (eta w) with eta and l2 as resolved, so under
+`prequential` it descends MSE + (2 sigma^2 l2 / w) |theta|^2 - 2 sigma^2 f / (eta w):
+R's data term divided by 2 sigma^2, the prior kept.
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@ approximated block by block:
 The factors cost O(sum of squared widths) to store and per query, whatever the number of
 rows they were estimated on, so they can summarise every row rather than a sample. One
 eigendecomposition per factor serves every weight w.
+
+Noise (`RofuConfig.noise`, `rofu.models.scaling`): with eta -> eta / (2 sigma^2) and
+l2 -> 2 sigma^2 l2 the damping is lambda' = 2 sigma^2 l2 / w and the gain is multiplied by
+2 sigma^2: g_q^T Z^-1 g_q sigma^2 / (eta w), Z built with that damping.
 """
 
 from __future__ import annotations

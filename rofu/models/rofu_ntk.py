@@ -16,6 +16,11 @@ gradients from torch.func, (N, P) for N rows and P parameters.
 What depends only on the checkpoint and the minibatches (the rows' features, their
 residuals and the kernel blocks K_jk, k < j) is an `NtkBasis`, built once by
 `prepare_ntk`; scoring a context then costs O(A m sum(widths) + M A m^2).
+
+Noise (`RofuConfig.noise`, `rofu.models.scaling`): the steps run with eta / (2 sigma^2) and
+2 sigma^2 l2 in place of eta and l2, i.e. on f~ - eta (w MSE~ / (2 sigma^2) + l2 |theta|^2);
+with the `drift` baseline the gain is then exactly 2 sigma^2 times that of the same steps
+on f~ - eta (w MSE~ + 2 sigma^2 l2 |theta|^2).
 """
 
 from __future__ import annotations

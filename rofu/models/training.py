@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -10,8 +11,8 @@ from torch import Tensor, nn
 
 from rofu.models.data import Transitions, feature_rows
 from rofu.models.hyper import check_hypers, hyper
-from rofu.models.networks import RewardNet
-from rofu.models.reward_model import RewardModel, training
+from rofu.models.networks import RewardNet, RewardNetConfig
+from rofu.models.reward_model import RewardModel, RewardModelConfig, training
 from rofu.models.validation import describe_contexts
 
 OPTIMIZERS = ("sgd", "adam", "rmsprop")
@@ -35,6 +36,14 @@ class FitConfig:
         momentum: SGD momentum.
         weight_decay: L2 penalty coefficient handed to the optimizer.
         max_grad_norm: clip the global gradient norm (None: no clipping).
+        standardise: the learner standardises contexts and rewards with running
+            statistics (`RewardNetConfig.standardise`; a preset builds its network so):
+            the network learns (r - mu_r) / s_r from (x - mu_x) / s_x, and its
+            predictions and gradients are mapped back to the reward's scale.
+        prequential_decay: d of the exponentially weighted prequential squared loss
+            (`rofu.models.data.Prequential`) the learner keeps over new rows, each
+            scored before the refit that trains on it: sigma^2 for
+            `RofuConfig(noise="prequential")`, and what a learner family is chosen by.
     """
 
     steps: int = hyper(100, key="fit_steps", low=0)
@@ -46,6 +55,8 @@ class FitConfig:
     momentum: float = hyper(0.0, key="fit_momentum", low=0.0, high=1.0)
     weight_decay: float = hyper(0.0, key="wd", low=0.0)
     max_grad_norm: float | None = hyper(None, key="clip", low=0.0, low_open=True)
+    standardise: bool = hyper(False, key="std")
+    prequential_decay: float = hyper(0.999, key="preq", low=0.0, high=1.0, low_open=True)
 
     def __post_init__(self) -> None:
         check_hypers(self)
@@ -91,7 +102,7 @@ def fit(
         Metrics: `loss` (mean over the last tenth of updates), `loss_first`, `steps`,
         `rows`, `grad_norm` (last, before clipping) and `lr` (last).
     """
-    _check_fit_inputs(net, data, arm_features, dropout_generator)
+    _check_fit_inputs(net, config, data, arm_features, dropout_generator)
     device = next(net.parameters()).device
     if optimizer is None:
         optimizer = make_optimizer(net, config)
@@ -103,6 +114,7 @@ def fit(
     if arm_features is not None:
         arm_features = arm_features.to(data.x)
     index, table = feature_rows(data.arms, data.features, arm_features)
+    scale = _reward_scale(net).to(data.rewards)
     losses: list[Tensor] = []
     grad_norm = 0.0
     with training(net):
@@ -112,7 +124,7 @@ def fit(
                 group["lr"] = config.lr_at(step)
             args = (data.x[rows], index[rows], table)
             pred = net(*args) if dropout_generator is None else net(*args, dropout_generator)
-            loss = (pred - data.rewards[rows]).square().mean()
+            loss = ((pred - data.rewards[rows]) / scale).square().mean()  # in g's units
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if config.max_grad_norm is not None or step == config.steps - 1:
@@ -132,6 +144,7 @@ def fit(
 
 def _check_fit_inputs(
     net: RewardModel,
+    config: FitConfig,
     data: Transitions,
     arm_features: Tensor | None,
     dropout_generator: torch.Generator | None,
@@ -147,8 +160,30 @@ def _check_fit_inputs(
         )
     if data.features is None and int(data.arms.max()) >= net.arm_count(arm_features):
         raise ValueError("data.arms refers to an arm the network cannot score")
+    if config.standardise and not (isinstance(net, RewardNet) and net.config.standardise):
+        raise ValueError(
+            "FitConfig.standardise needs a network built with RewardNetConfig(standardise=True)"
+        )
     if dropout_generator is not None and not isinstance(net, RewardNet):
         raise TypeError(f"dropout_generator needs a RewardNet, got {type(net).__name__}")
+
+
+def _reward_scale(net: RewardModel) -> Tensor:
+    """s_r of a standardising `RewardNet` (its loss is in g's units), else 1."""
+    if isinstance(net, RewardNet):
+        return net.reward_moments()[1].detach()
+    return torch.ones(())
+
+
+def learner_net_config(config: RewardModelConfig, fit: FitConfig) -> RewardModelConfig:
+    """`config`, standardising when `fit.standardise` asks for it (an MLP only)."""
+    if not fit.standardise:
+        return config
+    if not isinstance(config, RewardNetConfig):
+        raise TypeError(
+            f"FitConfig.standardise needs a RewardNetConfig (an MLP), got {type(config).__name__}"
+        )
+    return dataclasses.replace(config, standardise=True)
 
 
 def _rows(n_rows: int, batch_size: int, generator: torch.Generator) -> Tensor:
@@ -219,12 +254,15 @@ class TrainSchedule:
         persist: keep each network's optimizer across refits, so Adam's or RMSprop's
             moment estimates carry over (the learning-rate schedule still restarts);
             False: a fresh optimizer every refit.
+        family: refit a family of candidate learners on the same rows and serve the one
+            with the lowest prequential loss (`rofu.models.learners`; ROFU only).
     """
 
     every: int = hyper(50, low=1)
     dense_until: int = hyper(0, low=0)
     fit: FitConfig = field(default_factory=lambda: SHOWDOWN_FIT)
     persist: bool = hyper(False)
+    family: bool = hyper(False)
 
     def __post_init__(self) -> None:
         check_hypers(self)

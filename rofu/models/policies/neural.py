@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Generic, TypeVar
 
 import torch
@@ -9,6 +10,7 @@ from torch import Tensor
 from torch.func import functional_call, grad, vmap
 
 from rofu.models.data import DataBuffer, Transitions
+from rofu.models.learners import LearnerFamily, default_candidates
 from rofu.models.networks import RewardNet
 from rofu.models.policies.base import (
     candidate_mask,
@@ -23,8 +25,15 @@ from rofu.models.prepared import PreparedModel, prepare, score
 from rofu.models.presets import PRODUCT
 from rofu.models.reward_model import RewardModel, RewardModelConfig
 from rofu.models.rofu import RofuConfig
+from rofu.models.scaling import squared_residuals
 from rofu.models.scores import Decision, Scores
-from rofu.models.training import FitConfig, TrainSchedule, fit, make_optimizer
+from rofu.models.training import (
+    FitConfig,
+    TrainSchedule,
+    fit,
+    learner_net_config,
+    make_optimizer,
+)
 from rofu.models.validation import check_float_tensor, check_int
 
 
@@ -103,6 +112,7 @@ class NeuralPolicy(Generic[ParamsT]):
         check_int("seed", seed, low=0)
         self.params = self._check_params(params)
         self.schedule = self._check_schedule(schedule)
+        net_config = learner_net_config(net_config, self.schedule.fit)
         self.net = self._net_config(net_config).build().to(device).eval()
         self.arm_features = _arm_features(self.net, arm_features)
         self.n_arms = self.net.arm_count(self.arm_features)
@@ -163,13 +173,26 @@ class NeuralPolicy(Generic[ParamsT]):
             return self.net.score_all(contexts, self.arm_features)
 
     def update(self, batch: Transitions) -> dict[str, float]:
-        """Store the batch; refit when the schedule says so."""
+        """Score the batch with the current network (its prequential residuals, kept in
+        the buffer's `noise`), fold it into a standardising network's statistics, store
+        it; refit when the schedule says so."""
         check_batch(batch, self.context_shape, self.n_arms)
+        self.observe(batch)
         before = len(self.buffer)
         self.buffer.append(batch)
         if not self.schedule.due(before, len(self.buffer)):
             return {"rows": float(len(self.buffer)), "trained": 0.0}
         return self.train() | {"trained": 1.0}
+
+    def observe(self, batch: Transitions) -> None:
+        """What the learner learns of new rows before any refit on them: the current
+        network's squared residuals (`DataBuffer.score_residuals`) and, for a
+        standardising network, its running statistics."""
+        squared = squared_residuals(self.net, batch, self.arm_features)
+        self.buffer.score_residuals(squared, self.schedule.fit.prequential_decay)
+        if isinstance(self.net, RewardNet):
+            first = next(self.net.parameters())
+            self.net.observe(batch.x.to(first), batch.rewards.to(first))
 
     def train(self) -> dict[str, float]:
         """Refit the network on everything in the buffer."""
@@ -246,6 +269,27 @@ class RofuPolicy(NeuralPolicy[RofuConfig]):
 
     def _setup(self, seed: int) -> None:
         self._prepared: PreparedModel | None = None  # the checkpoint's, until a refit
+        self.family: LearnerFamily | None = None
+        if self.schedule.family:
+            net = require_mlp(self.net, "a learner family").config
+            self.family = LearnerFamily(
+                default_candidates(dataclasses.replace(net, standardise=False), self.schedule.fit),
+                decay=self.schedule.fit.prequential_decay,
+                persist=self.schedule.persist,
+                device=self.device,
+            )
+            self.net = self.family.served_net
+
+    def observe(self, batch: Transitions) -> None:
+        """With a learner family, every candidate scores the rows (`LearnerFamily.observe`)
+        and the served one's prequential loss is the buffer's noise."""
+        if self.family is None:
+            super().observe(batch)
+            return
+        self.family.observe(batch, self.arm_features)
+        self.buffer.noise = self.family.losses[self.family.served]
+        if self.family.served_net is not self.net:
+            self.net, self._prepared = self.family.served_net, None
 
     @property
     def rofu(self) -> RofuConfig:
@@ -260,9 +304,12 @@ class RofuPolicy(NeuralPolicy[RofuConfig]):
         return None if self._prepared is None else self._prepared.config.step_size
 
     def train(self) -> dict[str, float]:
-        """Refit the network; a prepared NTK basis and step belong to the old weights."""
+        """Refit the network (every candidate's, with a family); a prepared NTK basis and
+        step belong to the old weights."""
         self._prepared = None
-        return super().train()
+        if self.family is None:
+            return super().train()
+        return self.family.fit(self.buffer.view(), self.fit_generator, self.arm_features)
 
     def scores(self, contexts: Tensor, candidates: Tensor | None = None) -> Scores:
         """ROFU's (B, A) scores from the checkpoint prepared at the first call since the

@@ -105,9 +105,7 @@ class Snapshot:
         if created_at != created_at:  # NaN: not recorded
             created_at = time.time()
         net = checkpoint.network().to(device)
-        data = RegulariserData(
-            checkpoint.data.sample.to(device), checkpoint.data.n_total, checkpoint.data.arm_counts
-        )
+        data = checkpoint.data.with_sample(checkpoint.data.sample.to(device))
         low = high = None
         sample = checkpoint.data.sample
         if sample.x.shape[0] > 0:

@@ -41,6 +41,7 @@ import torch
 
 from rofu.models import Checkpoint, DataBuffer, FitConfig, RewardNet, dump_checkpoint, fit
 from rofu.models.rofu import ascent_rho
+from rofu.models.scaling import scoring_inputs, squared_residuals
 from rofu.models.training import make_optimizer
 from rofu.service.db import deferral, quarantine, repository
 from rofu.service.db.engine import SessionFactory
@@ -180,9 +181,13 @@ class Trainer:
         )
         features = self._arm_features()
         buffer = training_data.continued_buffer(self.settings, previous, run.version, features)
-        buffer.append(training_data.transitions(trained, self.settings.context_dim, features))
+        new = training_data.transitions(trained, self.settings.context_dim, features)
         config = self.settings.fit_config(new_rows=len(trained))
         net, optimizer = self._continue(previous, config)
+        # theta_{t-1} scores the new rows before it is refitted on them (the prequential noise)
+        buffer.score_residuals(squared_residuals(net, new, features), config.prequential_decay)
+        net.observe(new.x, new.rewards)  # a standardising network's running statistics
+        buffer.append(new)
         metrics = self._fit(net, optimizer, config, buffer, run.version, features)
         report = self._publish(net, buffer, features, metrics, run)
         if optimizer is not None:
@@ -221,7 +226,7 @@ class Trainer:
         """
         kept, self._kept = self._kept, None
         if not self.settings.fit_persist:
-            return (previous.network() if previous else RewardNet(self.settings.net_config())), None
+            return self._network(previous, config), None
         if (
             kept is not None
             and previous is not None
@@ -229,8 +234,24 @@ class Trainer:
             and kept.config == dataclasses.replace(config, steps=0)
         ):
             return kept.net, kept.optimizer
-        net = previous.network() if previous else RewardNet(self.settings.net_config())
+        net = self._network(previous, config)
         return net, make_optimizer(net, config)
+
+    def _network(self, previous: Checkpoint | None, config: FitConfig) -> RewardNet:
+        """The previous checkpoint's network (a fresh one without), standardising as
+        `config.standardise` says: switching keeps the layers, and a newly standardising
+        network starts its statistics at the new rows."""
+        if previous is None:
+            return RewardNet(
+                dataclasses.replace(self.settings.net_config(), standardise=config.standardise)
+            )
+        net = previous.network()
+        if net.config.standardise != config.standardise:
+            switched = RewardNet(dataclasses.replace(net.config, standardise=config.standardise))
+            layers = {k: v for k, v in net.state_dict().items() if k.startswith("layers.")}
+            switched.load_state_dict(layers, strict=False)
+            return switched
+        return net
 
     def _fit(
         self,
@@ -262,10 +283,14 @@ class Trainer:
         n_slots = self.settings.max_arms if features is None else features.shape[0]
         data = buffer.regulariser_data(n_slots)
         config = dataclasses.replace(self.settings.rofu_config(), stability_cap=None)
-        metrics = metrics | {"ascent_rho": ascent_rho(net, data, config, arm_features=features)}
+        plain, plain_data, config, _ = scoring_inputs(net, data, config)
+        rho = ascent_rho(plain, plain_data, config, arm_features=features)
+        metrics = metrics | {"ascent_rho": rho}
+        if data.noise is not None and data.noise.variance is not None:
+            metrics |= {"noise_variance": data.noise.variance}
         checkpoint = Checkpoint(
             version=run.version,
-            net_config=self.settings.net_config(),
+            net_config=net.config,
             state={k: v.detach().cpu() for k, v in net.state_dict().items()},
             data=data,
             arm_features=features,

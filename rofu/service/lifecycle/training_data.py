@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from rofu.models import Checkpoint, DataBuffer, RegulariserData, Transitions
+from rofu.models import Checkpoint, DataBuffer, Transitions
 from rofu.service.db import repository
 from rofu.service.settings import Settings
 
@@ -39,12 +39,10 @@ def continued_buffer(
         )
     data = previous.data
     if arm_features is not None and data.sample.features is None:
-        data = RegulariserData(
-            data.sample.with_features(arm_features), data.n_total, data.arm_counts
-        )
+        data = data.with_sample(data.sample.with_features(arm_features))
     if len(data.sample) > size:  # the sample-size setting shrank: keep a uniform subset
         keep = torch.randperm(len(data.sample), generator=generator)[:size]
-        data = RegulariserData(data.sample.subset(keep), data.n_total, data.arm_counts)
+        data = data.with_sample(data.sample.subset(keep))
     return DataBuffer.restore(data, max_size=size, generator=generator)
 
 

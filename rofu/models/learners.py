@@ -1,0 +1,146 @@
+"""A learner the data chooses: candidate learners refitted on the same rows, the best served.
+
+Each candidate (a network and how it is fitted) sees every new row first as a test: its
+squared error (r_t - f_{theta_{t-1}}(x_t, a_t))^2 is folded into an exponentially weighted
+mean (`rofu.models.data.Prequential`) before any refit trains on that row, so a row never
+scores a model fitted on it. Every candidate is then refitted on the same rows, and the one
+with the lowest prequential loss is served (ROFU's bonus is the served model's). Training
+cost grows with the number of candidates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rofu.models.data import Prequential, Transitions
+from rofu.models.networks import RewardNet, RewardNetConfig
+from rofu.models.scaling import squared_residuals
+from rofu.models.training import FitConfig, fit, learner_net_config, make_optimizer
+
+#: The default family's candidates, in the order ties are broken.
+LEARNERS = ("mlp", "sgd-decay", "linear")
+#: The `sgd-decay` preset's fit: NeuralUCB's optimizer (rofu.models.presets).
+SGD_DECAY_FIT = FitConfig(steps=10, batch_size=256, optimizer="sgd", lr=0.01, weight_decay=1e-3)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One candidate learner.
+
+    Attributes:
+        name: how the checkpoint, GET /v1/model and the metrics name it.
+        net: its network.
+        fit: how it is refitted.
+    """
+
+    name: str
+    net: RewardNetConfig
+    fit: FitConfig
+
+
+def default_candidates(net: RewardNetConfig, fit_config: FitConfig) -> tuple[Candidate, ...]:
+    """`mlp` (`net` with `fit_config`), `sgd-decay` (the same network, SGD with decay) and
+    `linear` (no hidden layer, `fit_config`), each standardising as `fit_config` says."""
+    sgd = dataclasses.replace(
+        SGD_DECAY_FIT,
+        standardise=fit_config.standardise,
+        prequential_decay=fit_config.prequential_decay,
+    )
+    return (
+        Candidate("mlp", net, fit_config),
+        Candidate("sgd-decay", net, sgd),
+        Candidate("linear", dataclasses.replace(net, hidden=()), fit_config),
+    )
+
+
+class LearnerFamily:
+    """Candidate learners kept side by side; `served` is the one with the lowest loss.
+
+    Args:
+        candidates: at least one, distinct names; ties go to the earliest.
+        decay: d of each candidate's exponentially weighted prequential loss.
+        persist: keep each candidate's optimizer across refits.
+        device: where the networks live.
+    """
+
+    def __init__(
+        self,
+        candidates: Sequence[Candidate],
+        *,
+        decay: float = 0.999,
+        persist: bool = False,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        names = [c.name for c in candidates]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"candidates must have at least one and distinct names, got {names}")
+        self.candidates = tuple(candidates)
+        self.decay = decay
+        self.persist = persist
+        self.nets = {
+            c.name: RewardNet(_as_mlp(learner_net_config(c.net, c.fit))).to(device).eval()
+            for c in self.candidates
+        }
+        self.losses = {c.name: Prequential() for c in self.candidates}
+        self._optimizers: dict[str, torch.optim.Optimizer] = {}
+
+    @property
+    def served(self) -> str:
+        """The candidate with the lowest prequential loss (the first before any row)."""
+        scored = [(self.losses[c.name].variance, i) for i, c in enumerate(self.candidates)]
+        known = [(loss, i) for loss, i in scored if loss is not None]
+        return self.candidates[min(known)[1] if known else 0].name
+
+    @property
+    def served_net(self) -> RewardNet:
+        """The served candidate's network."""
+        return self.nets[self.served]
+
+    def observe(self, batch: Transitions, arm_features: Tensor | None) -> None:
+        """Score new rows with every candidate as it is now, then fold them into the
+        standardising candidates' statistics; call before any refit on them."""
+        for name, net in self.nets.items():
+            squared = squared_residuals(net, batch, arm_features)
+            self.losses[name] = self.losses[name].updated(squared, self.decay)
+            first = next(net.parameters())
+            net.observe(batch.x.to(first), batch.rewards.to(first))
+
+    def fit(
+        self, data: Transitions, generator: torch.Generator, arm_features: Tensor | None = None
+    ) -> dict[str, float]:
+        """Refit every candidate on `data`, each from the same minibatch draws; the served
+        candidate's metrics, with every candidate's `loss/<name>` and `served` (its index)."""
+        seed = int(torch.randint(2**62, (1,), generator=generator))
+        metrics: dict[str, dict[str, float]] = {}
+        for candidate in self.candidates:
+            net = self.nets[candidate.name]
+            optimizer = self._optimizer(candidate, net)
+            draws = torch.Generator().manual_seed(seed)
+            metrics[candidate.name] = fit(
+                net, data, candidate.fit, draws, arm_features=arm_features, optimizer=optimizer
+            )
+        return metrics[self.served] | self.record()
+
+    def record(self) -> dict[str, float]:
+        """`loss/<name>` per candidate with a loss yet, and `served`, the served index."""
+        names = [c.name for c in self.candidates]
+        losses = {f"loss/{n}": v for n in names if (v := self.losses[n].variance) is not None}
+        return losses | {"served": float(names.index(self.served))}
+
+    def _optimizer(self, candidate: Candidate, net: RewardNet) -> torch.optim.Optimizer | None:
+        if not self.persist:
+            return None
+        if candidate.name not in self._optimizers:
+            self._optimizers[candidate.name] = make_optimizer(net, candidate.fit)
+        return self._optimizers[candidate.name]
+
+
+def _as_mlp(config: object) -> RewardNetConfig:
+    if not isinstance(config, RewardNetConfig):
+        raise TypeError(f"a candidate's network must be a RewardNetConfig, got {config!r}")
+    return config
