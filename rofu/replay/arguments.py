@@ -94,9 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
         default={},
         metavar="NAME|tuned|DATASET=NAME,...",
         help="the ROFU preset (rofu/models/presets.py) that ROFU, ROFU-exact, ROFU-NTK, their "
-        "variants and Greedy-matched run: one for every data set, `tuned` for each Showdown "
-        "data set's tuned one (TUNED_PRESETS in rofu/replay/simulation/policies.py), or per "
-        "data set, e.g. "
+        "variants and the matched policies (Greedy-, SquareCB-, NeuralLinUCB-matched) run: "
+        "one for every data set, `tuned` for each Showdown data set's tuned one "
+        "(TUNED_PRESETS in rofu/replay/simulation/policies.py), or per data set, e.g. "
         "mushroom=small-lr,adult=sgd-decay (default: product, the one the service serves)",
     )
     parser.add_argument("--workers", type=int, default=1, help="parallel worker processes")

@@ -18,7 +18,7 @@ import signal
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from multiprocessing import get_context
 from pathlib import Path
@@ -31,6 +31,7 @@ from rofu.models.presets import PRODUCT, get_preset
 from rofu.replay.runs import run_name
 from rofu.replay.simulation.bandits import Bandit
 from rofu.replay.simulation.datafile import ClassificationFile
+from rofu.replay.simulation.oracle import ORACLE, OracleConfig, oracle_for, regret_two
 from rofu.replay.simulation.simulate import RunResult, simulate
 from rofu.replay.simulation.summary import RunSummary
 
@@ -172,15 +173,25 @@ def run_job(
     data_dir: str | None,
     device: str,
     file: ClassificationFile | None = None,
+    oracle: OracleConfig | None = ORACLE,
 ) -> Path:
     """Run one job and write its full arrays, then its summary (in a worker process or
-    in-process); `file` is the user's classification file when the job's data set is it."""
+    in-process); `file` is the user's classification file when the job's data set is it.
+    With an `oracle` recipe the run gets its regret II (`rofu.replay.simulation.oracle`;
+    the oracle is cached under `<out>/cache/oracle`)."""
     bandit = _bandit(job.bandit if file is None else file, data_dir)
     policy, config = job_policy(job, bandit, torch.device(device))
     stream = bandit.stream(job.rounds, job.seed)
     result: RunResult = simulate(
         policy, stream, bandit=job.bandit, policy_name=job.policy, seed=job.seed, config=config
     )
+    net = (
+        None
+        if oracle is None
+        else oracle_for(bandit, stream, job.seed, oracle, out / "cache" / "oracle")
+    )
+    if net is not None:
+        result = replace(result, regret2=regret_two(net, stream, result.arms))
     result.save(job.cache_path(out))
     path = job.path(out)
     RunSummary.of(result, asdict(job)).save(path)  # last: a summary marks the job done
@@ -241,11 +252,13 @@ def run_jobs(
     device: str = "cpu",
     progress: bool = True,
     files: Sequence[ClassificationFile] = (),
+    oracle: OracleConfig | None = ORACLE,
 ) -> list[Path]:
     """Run every job whose summary is missing; return every job's summary path.
 
     A job whose data set is named like one of `files` (the user's classification files)
-    runs on that file; the others on the registered data set of their name.
+    runs on that file; the others on the registered data set of their name. `oracle`: the
+    recipe of the regret II oracle (None: no regret II).
     """
     device = resolve_device(device)
     todo = [job for job in jobs if not job.done(out)]
@@ -262,7 +275,7 @@ def run_jobs(
         if workers <= 1:
             for job in todo:
                 bar.set_postfix_str(f"{job.bandit}/{job.policy}/seed{job.seed}")
-                run_job(job, out, folder, device, by_name.get(job.bandit))
+                run_job(job, out, folder, device, by_name.get(job.bandit), oracle)
                 bar.update()
         else:
             threads = max(1, (os.cpu_count() or 1) // workers)
@@ -273,7 +286,7 @@ def run_jobs(
                 initargs=(threads,),
             ) as pool:
                 futures = [
-                    pool.submit(run_job, job, out, folder, device, by_name.get(job.bandit))
+                    pool.submit(run_job, job, out, folder, device, by_name.get(job.bandit), oracle)
                     for job in todo
                 ]
                 try:

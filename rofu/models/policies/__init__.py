@@ -7,6 +7,7 @@ policy's hyper-parameters are one frozen dataclass (`rofu.models.policies.params
 """
 
 from rofu.models.policies.base import Policy
+from rofu.models.policies.matched import NeuralLinUCB, SquareCB
 from rofu.models.policies.neural import (
     NEURALUCB_SCHEDULE,
     EpsilonGreedy,
@@ -20,8 +21,10 @@ from rofu.models.policies.params import (
     DropoutParams,
     EpsilonGreedyParams,
     NeuralLinearParams,
+    NeuralLinUCBParams,
     NeuralUCBParams,
     ParamNoiseParams,
+    SquareCBParams,
     ThompsonParams,
 )
 from rofu.models.policies.simple import LinUCB, Uniform
@@ -41,6 +44,8 @@ __all__ = [
     "Greedy",
     "LinUCB",
     "NeuralLinear",
+    "NeuralLinUCB",
+    "NeuralLinUCBParams",
     "NeuralLinearParams",
     "NeuralPolicy",
     "NeuralUCB",
@@ -50,6 +55,8 @@ __all__ = [
     "Policy",
     "RofuConfig",
     "RofuPolicy",
+    "SquareCB",
+    "SquareCBParams",
     "ThompsonParams",
     "TrainSchedule",
     "Uniform",

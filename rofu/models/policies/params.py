@@ -138,3 +138,34 @@ class BootstrapParams:
     def __post_init__(self) -> None:
         check_int("q", self.q, low=1)
         check_float("p", self.p, low=0.0, high=1.0, low_open=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SquareCBParams:
+    """SquareCB's learning-rate scale.
+
+    Attributes:
+        gamma0: gamma_t = gamma0 * sqrt(A * t), in inverse reward units (0: uniform).
+    """
+
+    gamma0: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_float("gamma0", self.gamma0, low=0.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NeuralLinUCBParams:
+    """LinUCB's defaults (Li et al. 2010) on the network's last hidden layer.
+
+    Attributes:
+        alpha: scales the bonus alpha * sqrt(phi^T A_a^{-1} phi) (0: Greedy).
+        ridge: lambda of A_a = lambda I + sum phi phi^T.
+    """
+
+    alpha: float = 1.0
+    ridge: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_float("alpha", self.alpha, low=0.0)
+        check_float("ridge", self.ridge, low=0.0, low_open=True)

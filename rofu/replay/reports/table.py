@@ -15,6 +15,11 @@ from rofu.replay.reports.paired import holm, paired_wilcoxon, reference_of, sem
 from rofu.replay.simulation.summary import RunSummary
 
 PAPER_ROUNDS = 20_000  # the running-time table's unit, as in the paper
+REGRET2_HEADING = (
+    "Final regret II (the paper's Table 2 metric: against an MLP trained offline on the "
+    "full-information data, rofu/replay/simulation/oracle.py), mean +- s.e.m.; n/a: "
+    "a run of the cell has none"
+)
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,10 @@ class Cell:
     cpu_per_seed: list[float] = field(default_factory=list)
     source: str = ""  # the report folder a combined report took the cell from
     preset: str = ""  # the ROFU preset its runs recorded (rofu.models.presets); "" for others
+    # final regret II (rofu.replay.simulation.oracle), mean and s.e.m. over seeds; NaN
+    # unless every run of the cell recorded it
+    regret2_mean: float = math.nan
+    regret2_sem: float = math.nan
 
     @property
     def has_finals(self) -> bool:
@@ -53,6 +62,15 @@ def _cpu_per_seed(runs: list[RunSummary]) -> list[float]:
     return [r.cpu_seconds / r.rounds for r in runs if r.cpu_seconds is not None]
 
 
+def _regret2(runs: list[RunSummary]) -> tuple[float, float]:
+    """A cell's regret II mean and s.e.m.; NaN unless every run has one."""
+    finals = [r.final_regret2 for r in runs]
+    if any(v is None for v in finals):
+        return math.nan, math.nan
+    values = np.array(finals, dtype=np.float64)
+    return float(values.mean()), sem(values)
+
+
 def summarise(results: dict[str, dict[str, list[RunSummary]]]) -> dict[str, dict[str, Cell]]:
     """Cells for every data set and policy, with the cross-policy figures filled in."""
     table: dict[str, dict[str, Cell]] = {}
@@ -62,6 +80,7 @@ def summarise(results: dict[str, dict[str, list[RunSummary]]]) -> dict[str, dict
             runs = sorted(runs, key=lambda r: r.seed)
             values = np.array([r.final_pseudo_regret for r in runs])
             cpu = _cpu_per_seed(runs)
+            two, two_sem = _regret2(runs)
             cells[policy] = Cell(
                 mean=float(values.mean()),
                 sem=sem(values),
@@ -73,6 +92,8 @@ def summarise(results: dict[str, dict[str, list[RunSummary]]]) -> dict[str, dict
                 finals=[float(v) for v in values],
                 cpu_per_seed=cpu,
                 preset=", ".join(sorted({r.preset for r in runs if r.preset})),
+                regret2_mean=two,
+                regret2_sem=two_sem,
             )
         table[bandit] = compare(cells)
     return table
@@ -150,6 +171,9 @@ def cell_text(cell: Cell | None, value: str) -> str:
     if value in ("raw", "raw+preset"):
         raw = f"{cell.mean:.1f} +- {fmt(cell.sem, 1)}"
         return f"{raw} (`{cell.preset}`)" if value == "raw+preset" and cell.preset else raw
+    if value == "regret2":
+        two = cell.regret2_mean
+        return "n/a" if math.isnan(two) else f"{two:.1f} +- {fmt(cell.regret2_sem, 1)}"
     if value == "time":
         return f"{1000 * cell.seconds_per_round:.2f}"
     if value == "cpu":
@@ -199,6 +223,8 @@ def markdown(table: dict[str, dict[str, Cell]], title: str, preamble: str = "") 
     if any(c.source for cells in table.values() for c in cells.values()):
         grid("Report each cell is taken from", "source")
     grid("Final cumulative pseudo-regret, mean +- s.e.m.", "raw")
+    if any(not math.isnan(c.regret2_mean) for cells in table.values() for c in cells.values()):
+        grid(REGRET2_HEADING, "regret2")
     grid("Normalised to the best policy of each data set (paper convention)", "normalised")
     grid("Relative to Uniform = 100 (Showdown convention)", "relative_uniform")
     against = reference_of(p for cells in table.values() for p in cells)

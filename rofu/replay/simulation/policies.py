@@ -10,7 +10,10 @@ instead of up to 1000 single-row steps every round; Thompson policies skip the M
 Carlo propensity (replay needs no propensities). ROFU runs a preset of
 `rofu.models.presets` (`PRODUCT`, the one the service serves, unless `--preset` names another;
 tuned on seeds disjoint from the reported ones), and `Greedy-matched` is Greedy with the
-preset's network and schedule, the ablation that tells exploration apart from training.
+preset's network and schedule, the ablation that tells exploration apart from training;
+`SquareCB-matched` and `NeuralLinUCB-matched` are the learner-matched rivals on that same
+network and schedule (`rofu.models.policies.matched`; MATCHED_PARAMS says where their
+settings come from).
 `ROFU-tuned` runs each data set's tuned preset (`TUNED_PRESETS`) beside ROFU, for the
 paper protocol's second table (`rofu.replay.reports.tuned`).
 On a data set whose protocol names a learner (`rofu.replay.simulation.learners`: the paper's
@@ -37,15 +40,21 @@ from rofu.models.policies import (
     LinUCB,
     NeuralLinear,
     NeuralLinearParams,
+    NeuralLinUCB,
+    NeuralLinUCBParams,
     NeuralUCB,
     NeuralUCBParams,
     ParamNoise,
     ParamNoiseParams,
     Policy,
     RofuPolicy,
+    SquareCB,
+    SquareCBParams,
+    TrainSchedule,
     Uniform,
 )
 from rofu.models.presets import PRODUCT, RofuPreset
+from rofu.models.reward_model import RewardModelConfig
 from rofu.replay.simulation.learners import Learner
 from rofu.replay.simulation.variants import (
     NEURALUCB_REPLAY_SCHEDULE,
@@ -59,8 +68,17 @@ Builder = Callable[[int, int, int, torch.device], Policy]
 
 #: ROFU's preset with either estimator named explicitly (`ROFU` takes the preset's own).
 ESTIMATOR_FLAVOURS = {"ROFU-exact": "exact", "ROFU-NTK": "ntk"}
-#: The policies a preset applies to: ROFU, its flavours and the matched ablation.
-PRESET_POLICIES = ("ROFU", *ESTIMATOR_FLAVOURS, "Greedy-matched")
+#: Greedy and its learner-matched rivals on ROFU's own network and schedule.
+MATCHED = ("Greedy-matched", "SquareCB-matched", "NeuralLinUCB-matched")
+#: The policies a preset applies to: ROFU, its flavours and the matched ones.
+PRESET_POLICIES = ("ROFU", *ESTIMATOR_FLAVOURS, *MATCHED)
+#: The rivals' settings. SquareCB's gamma0 (gamma_t = gamma0 sqrt(A t)) was screened on
+#: tuning seeds 1000-1001 at T = 2 000 (docs/replay.md); NeuralLinUCB keeps LinUCB's
+#: alpha = ridge = 1.
+MATCHED_PARAMS: dict[str, SquareCBParams | NeuralLinUCBParams] = {
+    "SquareCB-matched": SquareCBParams(gamma0=10.0),
+    "NeuralLinUCB-matched": NeuralLinUCBParams(alpha=1.0, ridge=1.0),
+}
 
 #: The presets the Showdown's data sets were tuned to, on tuning seeds only (the reasons
 #: are in rofu.models.presets). `--preset tuned` applies them to ROFU, and `ROFU-tuned` runs
@@ -119,10 +137,24 @@ def _neural_ucb(d: int, a: int, seed: int, device: torch.device) -> Policy:
     return NeuralUCB(config, NEURALUCB_REPLAY_SCHEDULE, params, device=device, seed=seed)
 
 
-def _matched_greedy(preset: RofuPreset, d: int, a: int, seed: int, device: torch.device) -> Policy:
-    """Greedy with ROFU's own network and training schedule: the ablation that separates
-    what ROFU's exploration adds from what its training does."""
-    return Greedy(preset.net(d, a, seed), preset.schedule, device=device, seed=seed)
+def _matched(
+    name: str, net: RewardModelConfig, schedule: TrainSchedule, seed: int, device: torch.device
+) -> Policy:
+    """Greedy-matched (the ablation that separates what ROFU's exploration adds from what
+    its training does) or one of its rivals, on ROFU's own network and schedule."""
+    if name.startswith("Greedy-matched"):
+        return Greedy(net, schedule, device=device, seed=seed)
+    if name == "SquareCB-matched":
+        squarecb = MATCHED_PARAMS[name]
+        assert isinstance(squarecb, SquareCBParams)
+        return SquareCB(net, schedule, squarecb, device=device, seed=seed)
+    linucb = MATCHED_PARAMS[name]
+    assert isinstance(linucb, NeuralLinUCBParams)
+    return NeuralLinUCB(net, schedule, linucb, device=device, seed=seed)
+
+
+def _is_matched(name: str) -> bool:
+    return name in MATCHED or name.startswith("Greedy-matched@")
 
 
 def _rofu(preset: RofuPreset, d: int, a: int, seed: int, device: torch.device) -> Policy:
@@ -171,9 +203,9 @@ Base = TypeVar("Base", RofuPreset, Learner)
 
 
 def _flavour(name: str, base: Base) -> Base | None:
-    """`base` for ROFU (and ROFU-tuned) and Greedy-matched, with the estimator a flavour
-    names; else None."""
-    if name in ("ROFU", TUNED_POLICY, "Greedy-matched"):
+    """`base` for ROFU (and ROFU-tuned) and the matched policies, with the estimator a
+    flavour names; else None."""
+    if name in ("ROFU", TUNED_POLICY, *MATCHED):
         return base
     if name in ESTIMATOR_FLAVOURS:
         estimator = ESTIMATOR_FLAVOURS[name]
@@ -202,12 +234,13 @@ LEARNER_POLICIES = (*PRESET_POLICIES, "Greedy", "EpsilonGreedy")
 def _on_learner(name: str, learner: Learner, seed: int, device: torch.device) -> Policy:
     """Policy `name` on the learner's network and schedule (ROFU on its estimator too)."""
     resolved = resolve_learner(name, learner)
-    if resolved is not None and not name.startswith("Greedy-matched"):
+    if resolved is not None and _is_matched(name):
+        return _matched(name, resolved.network(seed), resolved.schedule, seed, device)
+    if resolved is not None:
         net = resolved.network(seed)
         return RofuPolicy(net, resolved.schedule, resolved.rofu, device=device, seed=seed)
-    if resolved is not None or name == "Greedy":
-        base = resolved or learner
-        return Greedy(base.network(seed), base.schedule, device=device, seed=seed)
+    if name == "Greedy":
+        return Greedy(learner.network(seed), learner.schedule, device=device, seed=seed)
     if name == "EpsilonGreedy":
         params = EpsilonGreedyParams(epsilon=learner.epsilon)
         net = learner.network(seed)
@@ -231,7 +264,7 @@ def build_policy(
     """A fresh policy by name (the VW anchors when `vowpalwabbit` is installed).
 
     `ROFU`, its flavours (`ROFU-exact`, `ROFU-NTK`), their variants, `ROFU-tuned` (given
-    the data set's tuned preset) and `Greedy-matched` run `preset`; the other policies
+    the data set's tuned preset) and the MATCHED policies run `preset`; the other policies
     have their own fixed settings. With a `learner` (the bandit's,
     `rofu.replay.simulation.learners`), the
     policies of LEARNER_POLICIES run on it instead and the others are refused (ValueError).
@@ -240,8 +273,9 @@ def build_policy(
         return _on_learner(name, learner, seed, device)
     resolved = resolve_preset(name, preset)
     if resolved is not None:
-        if name.startswith("Greedy-matched"):
-            return _matched_greedy(resolved, context_dim, n_arms, seed, device)
+        if _is_matched(name):
+            net = resolved.net(context_dim, n_arms, seed)
+            return _matched(name, net, resolved.schedule, seed, device)
         return _rofu(resolved, context_dim, n_arms, seed, device)
     if name in POLICIES:
         return POLICIES[name](context_dim, n_arms, seed, device)

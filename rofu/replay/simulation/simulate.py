@@ -6,7 +6,8 @@ round's best arm, realised (max_a r_t(a) - r_t(a_t)) and expected (pseudo-regret
 max_a mu_t(a) - mu_t(a_t)). Each round also records the exploration bonus of the chosen
 arm, from the scores the policy chose by (`Decision.scores.bonus`), and, for a ROFU policy,
 the ascent step it scored the round with (`RofuPolicy.scoring_step`: its checkpoint's step
-after the stability cap).
+after the stability cap). Regret II (against an offline oracle) is added by the runner
+(`rofu.replay.simulation.oracle`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ class RunResult:
     # after the stability cap; `RofuPolicy.scoring_step`), NaN in the warm-start rounds;
     # None for other policies and in files written before it was recorded (2026-11-25).
     ascent_step: np.ndarray | None = None
+    # (T,) float64 regret II per round, against the data set's offline oracle
+    # (`rofu.replay.simulation.oracle`); None where none was computed (before 2026-12).
+    regret2: np.ndarray | None = None
 
     @property
     def rounds(self) -> int:
@@ -76,6 +80,11 @@ class RunResult:
         """Cumulative expected regret after T rounds."""
         return float(self.pseudo_regret.sum())
 
+    @property
+    def final_regret2(self) -> float | None:
+        """Cumulative regret II after T rounds (None without an oracle)."""
+        return None if self.regret2 is None else float(self.regret2.sum())
+
     def save(self, path: Path) -> None:
         """Write atomically as .npz (arrays plus a JSON header)."""
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,6 +102,8 @@ class RunResult:
             arrays["bonus"] = self.bonus
         if self.ascent_step is not None:
             arrays["ascent_step"] = self.ascent_step
+        if self.regret2 is not None:
+            arrays["regret2"] = self.regret2
         arrays["meta"] = np.array(json.dumps(meta))
         np.savez_compressed(partial, allow_pickle=False, **arrays)
         partial.replace(path)
@@ -114,6 +125,7 @@ class RunResult:
                 archive["bonus"] if "bonus" in archive.files else None,
                 meta.get("cpu_seconds"),
                 archive["ascent_step"] if "ascent_step" in archive.files else None,
+                archive["regret2"] if "regret2" in archive.files else None,
             )
 
 

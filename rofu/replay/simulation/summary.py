@@ -2,7 +2,8 @@
 
 The full per-round arrays (`RunResult`, .npz) go to an ignored cache; the summary is what a
 study commits and what a resumed study checks. It holds the final regrets, the cumulative
-pseudo-regret at `curve_rounds(T)` (at most `CURVE_POINTS` points, 4 significant digits),
+pseudo-regret at `curve_rounds(T)` (at most `CURVE_POINTS` points, 4 significant digits)
+and, where the run has it, regret II's (`rofu.replay.simulation.oracle`),
 the chosen arm's bonus as block means (at most `BONUS_POINTS`, 3 digits), the CPU and wall
 time, the configuration and the job that made it, and the per-round statistics the bonus
 and ascent-step tables pool over seeds (sums, counts, a histogram), computed here from the
@@ -26,6 +27,7 @@ CURVE_POINTS = 200
 BONUS_POINTS = 100  # the bonus plot smooths over a fiftieth of the rounds anyway
 TAIL = 0.1  # the share of the rounds after the warm start the early and late bonus cover
 CUT_DIGITS = 3  # significant digits of the ascent-step histogram's bins
+OPTIONAL = {"final_regret2", "regret2_curve"}  # fields a summary may lack (older ones do)
 
 
 def curve_rounds(rounds: int, points: int = CURVE_POINTS) -> np.ndarray:
@@ -130,11 +132,17 @@ class RunSummary:
     job: dict[str, Any]  # the runner's job that made it (rofu.replay.runner.Job's fields)
     bonus: BonusSummary | None = None  # None: the run recorded no bonus
     ascent: StepSummary | None = None  # None: not a ROFU run, or one that recorded no step
+    # regret II (`rofu.replay.simulation.oracle`): the final value and the cumulative curve
+    # at curve_rounds(T), 4 digits; None where the run has none (summaries before 2026-12)
+    final_regret2: float | None = None
+    regret2_curve: list[float] | None = None
 
     @classmethod
     def of(cls, run: RunResult, job: dict[str, Any]) -> RunSummary:
         """Summarise a full run made by `job`."""
-        cumulative = np.cumsum(run.pseudo_regret)[curve_rounds(run.rounds) - 1]
+        kept = curve_rounds(run.rounds) - 1
+        cumulative = np.cumsum(run.pseudo_regret)[kept]
+        two = None if run.regret2 is None else np.cumsum(run.regret2)[kept]
         params = (run.config or {}).get("params") or {}
         set_step = float(params.get("step_size") or 0.0)
         steps = run.ascent_step
@@ -152,6 +160,8 @@ class RunSummary:
             dict(job),
             None if run.bonus is None else BonusSummary.of(run.bonus),
             None if steps is None or not set_step else StepSummary.of(steps, set_step),
+            run.final_regret2,
+            None if two is None else [_sig(float(v), 4) for v in two],
         )
 
     @property
@@ -182,7 +192,7 @@ class RunSummary:
                 raise ValueError(f"not format {FORMAT}")
             bonus, ascent = record.pop("bonus"), record.pop("ascent")
             names = {f.name for f in fields(cls)} - {"bonus", "ascent"}
-            if set(record) != names:
+            if not names - OPTIONAL <= set(record) <= names:
                 raise ValueError(f"fields {sorted(set(record) ^ names)} differ")
             return cls(
                 **record,
