@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 from torch import Tensor
@@ -25,12 +25,13 @@ from rofu.models.rofu_config import ESTIMATORS, RofuConfig, minibatch_indices
 from rofu.models.rofu_exact import ExactAscent
 from rofu.models.rofu_functional import FunctionalAscent
 from rofu.models.rofu_kfac import KfacFactors, kfac_gains, prepare_kfac
-from rofu.models.rofu_ntk import NtkBasis, features, ntk_gains, prepare_ntk
+from rofu.models.rofu_ntk import Features, NtkBasis, features, ntk_gains, prepare_ntk
 
 Params = dict[str, Tensor]
 #: What an estimator prepares once per checkpoint.
 Basis = NtkBasis | ClosedBasis | KfacFactors
 Kernel = Literal["fast", "functional"]
+BasisT = TypeVar("BasisT", NtkBasis, ClosedBasis, KfacFactors)
 # Pairs per chunk when `config.chunk_size` is None. On a CPU the exact kernel slows by
 # 1.5-3.5x once a chunk's activations outgrow the cache (measured for 64-100-100-10,
 # 64-256-256-10 and 64-100-10 MLPs: `rofu bench kernel` times the old fixed 256 beside it).
@@ -61,6 +62,20 @@ class Pairs:
 
 #: Means and bonuses of the pairs, as parts to concatenate in pair order.
 PairScores = tuple[list[Tensor], list[Tensor]]
+#: How an estimator scores pairs: (net, theta, data, config, generator, pairs, basis, kernel).
+PairsFn = Callable[
+    [
+        RewardModel,
+        Params,
+        RegulariserData,
+        RofuConfig,
+        torch.Generator,
+        Pairs,
+        Basis | None,
+        Kernel,
+    ],
+    PairScores,
+]
 
 
 @dataclass(frozen=True)
@@ -81,19 +96,7 @@ class Estimator:
         [RewardModel, Params, RegulariserData, RofuConfig, torch.Generator, Tensor | None],
         Basis | None,
     ]
-    pairs: Callable[
-        [
-            RewardModel,
-            Params,
-            RegulariserData,
-            RofuConfig,
-            torch.Generator,
-            Pairs,
-            Basis | None,
-            Kernel,
-        ],
-        PairScores,
-    ]
+    pairs: PairsFn
     graphs: bool
 
 
@@ -104,23 +107,6 @@ def bonus(gain: Tensor, config: RofuConfig) -> Tensor:
 
 def _no_basis(*_: object) -> None:
     return None
-
-
-def _ntk_pairs(
-    net: RewardModel,
-    theta: Params,
-    data: RegulariserData,
-    config: RofuConfig,
-    generator: torch.Generator,
-    pairs: Pairs,
-    basis: Basis | None,
-    kernel: Kernel,
-) -> PairScores:
-    if not isinstance(basis, NtkBasis):
-        basis = prepare_ntk(net, theta, data, config, generator, pairs.table)
-    query = features(net, theta, pairs.contexts, pairs.rows, pairs.table, pairs.owner)
-    f0, gain = ntk_gains(basis, query, pairs.weights, config)
-    return [f0], [bonus(gain, config)]
 
 
 def _exact_pairs(
@@ -163,23 +149,6 @@ def _prepare_closed(
     return prepare_closed(net, theta, data, config, generator, arm_features)
 
 
-def _closed_pairs(
-    net: RewardModel,
-    theta: Params,
-    data: RegulariserData,
-    config: RofuConfig,
-    generator: torch.Generator,
-    pairs: Pairs,
-    basis: Basis | None,
-    kernel: Kernel,
-) -> PairScores:
-    if not isinstance(basis, ClosedBasis):
-        basis = prepare_closed(net, theta, data, config, generator, pairs.table)
-    query = features(net, theta, pairs.contexts, pairs.rows, pairs.table, pairs.owner)
-    f0, gain = closed_gains(basis, query, pairs.weights, config)
-    return [f0], [bonus(gain, config)]
-
-
 def _prepare_kfac(
     net: RewardModel,
     theta: Params,
@@ -195,21 +164,37 @@ def _prepare_kfac(
     return prepare_kfac(net, theta, data, config, arm_features)
 
 
-def _kfac_pairs(
-    net: RewardModel,
-    theta: Params,
-    data: RegulariserData,
-    config: RofuConfig,
-    generator: torch.Generator,
-    pairs: Pairs,
-    basis: Basis | None,
-    kernel: Kernel,
-) -> PairScores:
-    if not isinstance(basis, KfacFactors):
-        basis = _prepare_kfac(net, theta, data, config, generator, pairs.table)
-    query = features(net, theta, pairs.contexts, pairs.rows, pairs.table, pairs.owner)
-    f0, gain = kfac_gains(basis, query, pairs.arms, pairs.weights, config)
-    return [f0], [bonus(gain, config)]
+#: A linearised estimator's gains from its basis: (basis, query, pairs, config) -> (f0, gain).
+Gains = Callable[[BasisT, Features, Pairs, RofuConfig], tuple[Tensor, Tensor]]
+Prepare = Callable[
+    [RewardModel, Params, RegulariserData, RofuConfig, torch.Generator, Tensor | None], BasisT
+]
+
+
+def _linearised(kind: type[BasisT], build: Prepare[BasisT], gains: Gains[BasisT]) -> PairsFn:
+    """The scoring of an estimator on f's first-order expansion: the pairs' gradient features
+    against the checkpoint's basis of type `kind` (built here when the call brings none)."""
+
+    def pairs_scores(
+        net: RewardModel,
+        theta: Params,
+        data: RegulariserData,
+        config: RofuConfig,
+        generator: torch.Generator,
+        pairs: Pairs,
+        basis: Basis | None,
+        kernel: Kernel,
+    ) -> PairScores:
+        ready = (
+            basis
+            if isinstance(basis, kind)
+            else build(net, theta, data, config, generator, pairs.table)
+        )
+        query = features(net, theta, pairs.contexts, pairs.rows, pairs.table, pairs.owner)
+        f0, gain = gains(ready, query, pairs, config)
+        return [f0], [bonus(gain, config)]
+
+    return pairs_scores
 
 
 def chunk_pairs(net: RewardModel, config: RofuConfig, device: torch.device, n_rows: int) -> int:
@@ -229,9 +214,28 @@ def chunk_pairs(net: RewardModel, config: RofuConfig, device: torch.device, n_ro
 
 REGISTRY: dict[str, Estimator] = {
     "exact": Estimator("exact", _no_basis, _exact_pairs, graphs=True),
-    "ntk": Estimator("ntk", prepare_ntk, _ntk_pairs, graphs=False),
-    "ntk-closed": Estimator("ntk-closed", _prepare_closed, _closed_pairs, graphs=False),
-    "ntk-kfac": Estimator("ntk-kfac", _prepare_kfac, _kfac_pairs, graphs=False),
+    "ntk": Estimator(
+        "ntk",
+        prepare_ntk,
+        _linearised(NtkBasis, prepare_ntk, lambda b, q, p, c: ntk_gains(b, q, p.weights, c)),
+        graphs=False,
+    ),
+    "ntk-closed": Estimator(
+        "ntk-closed",
+        _prepare_closed,
+        _linearised(
+            ClosedBasis, _prepare_closed, lambda b, q, p, c: closed_gains(b, q, p.weights, c)
+        ),
+        graphs=False,
+    ),
+    "ntk-kfac": Estimator(
+        "ntk-kfac",
+        _prepare_kfac,
+        _linearised(
+            KfacFactors, _prepare_kfac, lambda b, q, p, c: kfac_gains(b, q, p.arms, p.weights, c)
+        ),
+        graphs=False,
+    ),
 }
 if tuple(REGISTRY) != ESTIMATORS:  # the names RofuConfig accepts are the ones dispatched
     raise RuntimeError(f"estimator registry {tuple(REGISTRY)} != RofuConfig's {ESTIMATORS}")
