@@ -51,7 +51,12 @@ from rofu.evaluation.service_log import (
 from rofu.models.selection import ARGMAX, SelectionRule, choice_probabilities
 from rofu.replay.ope import Estimate, dr_estimate, ips_estimate, ratio_estimate, snips_estimate
 from rofu.service.db import repository
-from rofu.service.db.engine import SessionFactory, make_engine, session_factory
+from rofu.service.db.engine import (
+    MissingDatabase,
+    SessionFactory,
+    existing_engine,
+    session_factory,
+)
 from rofu.service.errors import ServiceError
 from rofu.service.log.pages import EVERYTHING, Window, utc
 from rofu.service.settings import Settings
@@ -226,7 +231,7 @@ def run_evaluation(
     Raises:
         EvaluationError: the window holds no rewarded decision.
     """
-    engine = make_engine(settings.database_url)
+    engine = existing_engine(settings.database_url)
     notes: list[str] = []
     try:
         sessions = session_factory(engine)
@@ -321,6 +326,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         figures = run_evaluation(
             get_settings(), window, variations, ci=args.ci, seed=args.seed, out_dir=args.out
         )
+    except MissingDatabase as exc:
+        print(f"rofu evaluate: {exc}", file=sys.stderr)
+        return 2
     except (EvaluationError, ServiceError) as exc:
         print(f"rofu evaluate: {exc}", file=sys.stderr)
         return 1

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, create_engine, event, insert, text
+from sqlalchemy import Engine, create_engine, event, insert, inspect, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from rofu.service.db.tables import DecisionRow, RewardRow
@@ -92,6 +93,49 @@ def make_engine(url: str, limits: DatabaseLimits | None = None) -> Engine:
         guard = functools.partial(_refuse_unwritable_shm, f"{database}-shm")
         event.listen(engine, "connect", guard, insert=True)
         event.listen(engine, "before_cursor_execute", guard)
+    return engine
+
+
+class MissingDatabase(ValueError):
+    """No rofu database at the URL a read-only command was given (nothing was created)."""
+
+
+#: A table every migrated rofu database has.
+MARKER_TABLE = "decisions"
+
+
+def existing_engine(url: str) -> Engine:
+    """An engine on a rofu database that must already exist, for commands that only read
+    (`rofu export`, `rofu evaluate`): a missing SQLite file, a database without rofu's
+    tables or one that does not answer is a `MissingDatabase` naming the URL, and nothing
+    is created, neither the file nor its folder.
+
+    Raises:
+        MissingDatabase: as above.
+    """
+    normalised = normalise_url(url)
+    shown = make_url(url).render_as_string(hide_password=True)
+    if normalised.startswith("sqlite"):
+        database = make_url(normalised).database
+        if not database or database == ":memory:":
+            raise MissingDatabase(f"no rofu database at {shown}: an in-memory database is empty")
+        path = Path(str(database))
+        if not path.is_file():
+            raise MissingDatabase(
+                f"no rofu database at {shown}: {path.resolve()} does not exist "
+                "(a relative path is read from the current folder)"
+            )
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            present = inspect(connection).has_table(MARKER_TABLE)
+    except DBAPIError as exc:
+        engine.dispose()
+        reason = str(exc.orig).splitlines()[0] if exc.orig is not None else str(exc)
+        raise MissingDatabase(f"no rofu database at {shown}: {reason}") from None
+    if not present:
+        engine.dispose()
+        raise MissingDatabase(f"no rofu database at {shown}: it has no rofu tables (rofu migrate)")
     return engine
 
 

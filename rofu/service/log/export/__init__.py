@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rofu.service.db import repository
-from rofu.service.db.engine import SessionFactory, make_engine, session_factory
+from rofu.service.db.engine import MissingDatabase, SessionFactory, existing_engine, session_factory
 from rofu.service.errors import InvalidInput, ServiceError
 from rofu.service.log.export.dsjson import write_dsjson
 from rofu.service.log.export.obp import Catalogue, ObpExportError, write_obp
@@ -55,7 +55,7 @@ def export(
         raise ExportUsageError(f"--format: choose one of {', '.join(FORMATS)}")
     if out is None and fmt != "dsjson":
         raise ExportUsageError(f"--format {fmt} writes a binary file: name it with --out")
-    engine = make_engine(settings.database_url)
+    engine = existing_engine(settings.database_url)
     try:
         sessions = session_factory(engine)
         if out is None:
@@ -109,7 +109,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             None if args.until is None else utc(args.until, "until"),
         )
         count = export(settings, args.format, window, args.out, default_reward=default)
-    except (ExportUsageError, MissingPyarrow, InvalidInput) as exc:
+    except (ExportUsageError, MissingPyarrow, InvalidInput, MissingDatabase) as exc:
         print(f"rofu export: {_message(exc)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # e.g. `rofu export --format dsjson | head`
