@@ -216,8 +216,8 @@ def markdown(table: dict[str, dict[str, Cell]], title: str, preamble: str = "") 
     grid("Runs behind each cell: seeds x rounds", "runs")
     if any(c.preset for cells in table.values() for c in cells.values()):
         grid(
-            "ROFU preset each cell ran (models/presets.py; where the protocol names a learner, "
-            "the learner, replay/learners.py; - for other policies)",
+            "ROFU preset each cell ran (rofu/models/presets.py; where the protocol names a "
+            "learner, the learner, rofu/replay/simulation/learners.py; - for other policies)",
             "preset",
         )
     if any(c.source for cells in table.values() for c in cells.values()):
