@@ -8,14 +8,8 @@ policy's hyper-parameters are one frozen dataclass (`rofu.models.policies.params
 
 from rofu.models.policies.base import Policy
 from rofu.models.policies.matched import NeuralLinUCB, SquareCB
-from rofu.models.policies.neural import (
-    NEURALUCB_SCHEDULE,
-    EpsilonGreedy,
-    Greedy,
-    NeuralPolicy,
-    NeuralUCB,
-    RofuPolicy,
-)
+from rofu.models.policies.neural import EpsilonGreedy, Greedy, NeuralPolicy, RofuPolicy
+from rofu.models.policies.neural_ucb import NEURALUCB_SCHEDULE, NeuralUCB
 from rofu.models.policies.params import (
     BootstrapParams,
     DropoutParams,
