@@ -138,32 +138,6 @@ def _exact_pairs(
     return mean, bonuses
 
 
-def _prepare_closed(
-    net: RewardModel,
-    theta: Params,
-    data: RegulariserData,
-    config: RofuConfig,
-    generator: torch.Generator,
-    arm_features: Tensor | None,
-) -> ClosedBasis:
-    return prepare_closed(net, theta, data, config, generator, arm_features)
-
-
-def _prepare_kfac(
-    net: RewardModel,
-    theta: Params,
-    data: RegulariserData,
-    config: RofuConfig,
-    generator: torch.Generator,
-    arm_features: Tensor | None,
-) -> KfacFactors:
-    if not isinstance(net, RewardNet):
-        raise TypeError(
-            f"estimator 'ntk-kfac' needs a RewardNet (an MLP), got {type(net).__name__}"
-        )
-    return prepare_kfac(net, theta, data, config, arm_features)
-
-
 #: A linearised estimator's gains from its basis: (basis, query, pairs, config) -> (f0, gain).
 Gains = Callable[[BasisT, Features, Pairs, RofuConfig], tuple[Tensor, Tensor]]
 Prepare = Callable[
@@ -222,17 +196,17 @@ REGISTRY: dict[str, Estimator] = {
     ),
     "ntk-closed": Estimator(
         "ntk-closed",
-        _prepare_closed,
+        prepare_closed,
         _linearised(
-            ClosedBasis, _prepare_closed, lambda b, q, p, c: closed_gains(b, q, p.weights, c)
+            ClosedBasis, prepare_closed, lambda b, q, p, c: closed_gains(b, q, p.weights, c)
         ),
         graphs=False,
     ),
     "ntk-kfac": Estimator(
         "ntk-kfac",
-        _prepare_kfac,
+        prepare_kfac,
         _linearised(
-            KfacFactors, _prepare_kfac, lambda b, q, p, c: kfac_gains(b, q, p.arms, p.weights, c)
+            KfacFactors, prepare_kfac, lambda b, q, p, c: kfac_gains(b, q, p.arms, p.weights, c)
         ),
         graphs=False,
     ),

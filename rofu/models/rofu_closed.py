@@ -103,7 +103,6 @@ def closed_gains(
     Args:
         weight: (P,) w of each pair (|D| or n_a + 1, `regulariser_weights`).
     """
-    check_closed(config)
     f0 = query.value
     norm = query.square_norm().to(torch.float64)  # (P,) |g_q|^2
     if basis.size == 0:

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from rofu.models.data import RegulariserData, feature_rows
 from rofu.models.networks import RewardNet
@@ -86,16 +86,24 @@ def _augmented(h: Tensor, bias: bool) -> Tensor:
 
 
 def prepare_kfac(
-    net: RewardNet,
+    net: nn.Module,
     theta: Params,
     data: RegulariserData,
     config: RofuConfig,
+    generator: torch.Generator,
     arm_features: Tensor | None,
 ) -> KfacFactors:
-    """The factors of one checkpoint, estimated on the whole data sample, in float64."""
+    """The factors of one checkpoint, estimated on the whole data sample, in float64
+    (`generator` is unused: every row is read; the signature is every estimator's).
+
+    Raises:
+        TypeError: `net` is not a `RewardNet`, whose layers the factors are of.
+    """
     check_closed(config)
     if not isinstance(net, RewardNet):
-        raise TypeError(f"the K-FAC form needs a RewardNet (an MLP), got {type(net).__name__}")
+        raise TypeError(
+            f"estimator 'ntk-kfac' needs a RewardNet (an MLP), got {type(net).__name__}"
+        )
     device, dtype = next(iter(theta.values())).device, next(iter(theta.values())).dtype
     sample = data.sample.to(device, dtype)
     index, table = feature_rows(sample.arms, sample.features, arm_features)
@@ -126,7 +134,6 @@ def kfac_gains(
         arms: (P,) each pair's arm (the output unit under per-arm outputs).
         weight: (P,) w of each pair (|D| or n_a + 1).
     """
-    check_closed(config)
     f0 = query.value
     damping = config.l2 / weight.to(torch.float64)  # (P,) lambda'
     gamma = damping.sqrt()

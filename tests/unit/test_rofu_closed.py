@@ -121,7 +121,7 @@ def test_rofu_closed_span_share_is_one_for_a_sample_row_and_less_outside():
 
 def _kfac(net, contexts, data, config):
     theta = dict(net.named_parameters())
-    factors = prepare_kfac(net, theta, data, config, None)
+    factors = prepare_kfac(net, theta, data, config, torch.Generator(), None)
     n_contexts, n_arms = contexts.shape[0], net.config.n_arms
     owner = torch.arange(n_contexts).repeat_interleave(n_arms)
     arms = torch.arange(n_arms).repeat(n_contexts)
