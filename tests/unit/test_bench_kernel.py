@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from rofu.bench import kernel
+from rofu.bench import kernel, kernel_report
 
 TINY = kernel.Workload(context_dim=4, n_arms=3, hidden=(8,), steps=3, minibatch=16, n_data=120)
 
@@ -29,7 +29,7 @@ def test_bench_kernel_report_has_every_contender_ratio_and_share(device):
     assert set(result["contexts"]) == {"1", "32"}
     graphs = {"rofu_exact_graphs"} if device == "cuda" else set()  # CUDA graphs: a GPU only
     for row in result["contexts"].values():
-        for name in set(kernel.CONTENDERS) - {"rofu_exact_graphs"} | graphs:
+        for name in set(kernel_report.CONTENDERS) - {"rofu_exact_graphs"} | graphs:
             assert row[f"{name}_ms"] > 0
         assert ("rofu_exact_graphs_ms" in row) == bool(graphs)
         assert (
@@ -49,7 +49,7 @@ def test_bench_kernel_report_has_every_contender_ratio_and_share(device):
     for baseline in ("start", "drift"):
         near = result["closeness"][baseline]
         assert 0.0 <= near["same_choice_share"] <= 1.0
-    text = kernel.format_report(result)
+    text = kernel_report.format_report(result)
     assert "rofu_ntk" in text
     assert "reference/exact" in text
     assert "exact at 256/exact" in text
