@@ -199,6 +199,17 @@ class ArmResponse(BaseModel):
     active: bool
 
 
+class LearnerInfo(BaseModel):
+    """One candidate learner of the served checkpoint."""
+
+    name: str
+    prequential_loss: float | None = Field(
+        description="Exponentially weighted squared loss, each row scored before the refit "
+        "that trained on it; null before any row"
+    )
+    served: bool
+
+
 class ModelResponse(BaseModel):
     """The model this replica serves."""
 
@@ -211,6 +222,13 @@ class ModelResponse(BaseModel):
     rofu: dict[str, object]
     feature_hash_seed: int = Field(
         description="The seed named features are hashed with (ROFU_FEATURE_HASH_SEED)"
+    )
+    learner: str | None = Field(
+        default=None, description="The candidate learner served (ROFU_LEARNERS); null: no model"
+    )
+    learners: list[LearnerInfo] = Field(
+        default_factory=list,
+        description="Every candidate learner the trainer refitted for the served checkpoint",
     )
 
 

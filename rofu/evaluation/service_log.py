@@ -241,7 +241,7 @@ def _snapshot(settings: Settings, sessions: SessionFactory, version: int | None)
         if found is not None:
             return Snapshot.from_blob(
                 found[1],
-                settings.net_config(),
+                settings.served_net_configs(),
                 torch.device("cpu"),
                 hash_seed=settings.feature_hash_seed,
             )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,10 +26,28 @@ from rofu.models.networks import RewardNet, RewardNetConfig
 FORMAT = "rofu-checkpoint"
 FORMAT_VERSION = "1"
 _PARAM = "param/"
+_CANDIDATE = "candidate/"
 
 
 class CheckpointError(ValueError):
     """A checkpoint blob that cannot be trusted or does not fit; nothing was loaded."""
+
+
+@dataclass(frozen=True)
+class CandidateState:
+    """One candidate as a checkpoint keeps it, so that the next refit continues it.
+
+    Attributes:
+        name: the candidate's name.
+        net_config: its network's configuration (standardisation included).
+        state: its network's state dict.
+        loss: its prequential squared loss so far.
+    """
+
+    name: str
+    net_config: RewardNetConfig
+    state: dict[str, Tensor]
+    loss: Prequential
 
 
 @dataclass(frozen=True)
@@ -46,6 +65,9 @@ class Checkpoint:
         arm_features: (A, F) arm features for an arm-feature network, else None.
         metrics: training metrics of the fit that produced theta.
         extra: caller-defined string fields (e.g. a trainer's high-water mark).
+        candidates: with a learner family (`rofu.models.learners`), every candidate's
+            network and prequential loss (the served one's network is `state` too).
+        served_learner: the candidate `state` is (None without a family).
     """
 
     version: int
@@ -55,6 +77,8 @@ class Checkpoint:
     arm_features: Tensor | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     extra: dict[str, str] = field(default_factory=dict)
+    candidates: tuple[CandidateState, ...] = ()
+    served_learner: str | None = None
 
     def network(self) -> RewardNet:
         """A fresh network holding this checkpoint's parameters."""
@@ -92,8 +116,46 @@ def dump_checkpoint(checkpoint: Checkpoint) -> bytes:
     noise = checkpoint.data.noise
     if noise is not None:
         metadata |= {"noise_total": repr(noise.total), "noise_weight": repr(noise.weight)}
+    if checkpoint.candidates:
+        tensors |= _candidate_tensors(checkpoint.candidates)
+        metadata["candidates"] = json.dumps([_candidate_record(c) for c in checkpoint.candidates])
+        metadata["served_learner"] = str(checkpoint.served_learner)
     metadata["checksum"] = _digest(tensors, metadata)
     return bytes(st_save(tensors, metadata=metadata))
+
+
+def _candidate_tensors(candidates: tuple[CandidateState, ...]) -> dict[str, Tensor]:
+    return {
+        f"{_CANDIDATE}{c.name}/{name}": t.detach().cpu().clone()  # never shares `state`
+        for c in candidates
+        for name, t in c.state.items()
+    }
+
+
+def _candidate_record(candidate: CandidateState) -> dict[str, Any]:
+    return {
+        "name": candidate.name,
+        "net_config": candidate.net_config.to_json(),
+        "loss_total": repr(candidate.loss.total),
+        "loss_weight": repr(candidate.loss.weight),
+    }
+
+
+def _candidates(tensors: dict[str, Tensor], metadata: dict[str, str]) -> tuple[CandidateState, ...]:
+    """The learner family's candidates a checkpoint kept (none before families existed)."""
+    if "candidates" not in metadata:
+        return ()
+    records: Any = json.loads(metadata["candidates"])
+    if not isinstance(records, list):
+        raise CheckpointError("checkpoint candidates must be a JSON list")
+    kept = []
+    for record in records:
+        prefix = f"{_CANDIDATE}{record['name']}/"
+        state = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+        loss = Prequential(float(record["loss_total"]), float(record["loss_weight"]))
+        config = RewardNetConfig.from_json(record["net_config"])
+        kept.append(CandidateState(str(record["name"]), config, state, loss))
+    return tuple(kept)
 
 
 def checkpoint_checksum(blob: bytes) -> str:
@@ -101,13 +163,16 @@ def checkpoint_checksum(blob: bytes) -> str:
     return _metadata(blob).get("checksum", "")
 
 
-def load_checkpoint(blob: bytes, expect: RewardNetConfig | None = None) -> Checkpoint:
+def load_checkpoint(
+    blob: bytes, expect: RewardNetConfig | Sequence[RewardNetConfig] | None = None
+) -> Checkpoint:
     """Parse, verify and rebuild a checkpoint.
 
     Args:
         blob: bytes from `dump_checkpoint`.
-        expect: when given, the network structure the caller serves; a checkpoint of
-            another structure (dims, arms, widths, activation) is refused.
+        expect: when given, the network structure the caller serves, or the structures
+            (one per candidate learner of a family, `rofu.models.learners`); a checkpoint
+            of another structure (dims, arms, widths, activation) is refused.
 
     Raises:
         CheckpointError: on a truncated, corrupted, tampered or mismatched checkpoint.
@@ -132,10 +197,12 @@ def load_checkpoint(blob: bytes, expect: RewardNetConfig | None = None) -> Check
         raise
     except (ValueError, TypeError, KeyError, RuntimeError) as exc:
         raise CheckpointError(f"checkpoint contents are inconsistent: {exc}") from exc
-    if expect is not None and _structure(expect) != _structure(checkpoint.net_config):
+    expected = (expect,) if isinstance(expect, RewardNetConfig) else tuple(expect or ())
+    served = _structure(checkpoint.net_config)
+    if expected and all(_structure(config) != served for config in expected):
         raise CheckpointError(
             f"checkpoint network {checkpoint.net_config.to_json()} does not match the "
-            f"served structure {expect.to_json()}"
+            f"served structure {' or '.join(config.to_json() for config in expected)}"
         )
     return checkpoint
 
@@ -164,16 +231,37 @@ def _rebuild(tensors: dict[str, Tensor], metadata: dict[str, str]) -> Checkpoint
         arm_features=tensors.get("arm_features"),
         metrics={str(k): float(v) for k, v in metrics.items()},
         extra={str(k): str(v) for k, v in extra.items()},
+        candidates=_candidates(tensors, metadata),
+        served_learner=metadata.get("served_learner"),
     )
 
 
+def _check_candidates(checkpoint: Checkpoint) -> None:
+    """Raise ValueError when a kept candidate does not fit its own network or the served
+    learner is not one of them."""
+    names = [c.name for c in checkpoint.candidates]
+    if len(set(names)) != len(names):
+        raise ValueError(f"candidates repeat a name: {names}")
+    if checkpoint.candidates and checkpoint.served_learner not in names:
+        raise ValueError(f"served learner {checkpoint.served_learner!r} is not among {names}")
+    for candidate in checkpoint.candidates:
+        _check_finite(candidate.state, f"candidate {candidate.name}: ")
+        RewardNet(candidate.net_config).load_state_dict(candidate.state, strict=True)
+
+
+def _check_finite(state: dict[str, Tensor], what: str = "") -> None:
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{what}parameter {name} contains non-finite values")
+
+
 def _check_fits(checkpoint: Checkpoint, net: RewardNet) -> None:
-    """Raise ValueError when the data or arm features do not fit the network."""
+    """Raise ValueError when the data, arm features or kept candidates do not fit the
+    network."""
     config, features = checkpoint.net_config, checkpoint.arm_features
     sample = checkpoint.data.sample
-    for name, tensor in checkpoint.state.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise ValueError(f"parameter {name} contains non-finite values")
+    _check_finite(checkpoint.state)
+    _check_candidates(checkpoint)
     if sample.x.shape[1] != config.context_dim:
         raise ValueError(
             f"data/x has {sample.x.shape[1]} features, the network {config.context_dim}"

@@ -17,10 +17,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rofu.models.checkpoint import CandidateState
 from rofu.models.data import Prequential, Transitions
 from rofu.models.networks import RewardNet, RewardNetConfig
 from rofu.models.scaling import squared_residuals
 from rofu.models.training import FitConfig, fit, learner_net_config, make_optimizer
+from rofu.models.validation import check_choice
 
 #: The default family's candidates, in the order ties are broken.
 LEARNERS = ("mlp", "sgd-decay", "linear")
@@ -46,16 +48,31 @@ class Candidate:
 def default_candidates(net: RewardNetConfig, fit_config: FitConfig) -> tuple[Candidate, ...]:
     """`mlp` (`net` with `fit_config`), `sgd-decay` (the same network, SGD with decay) and
     `linear` (no hidden layer, `fit_config`), each standardising as `fit_config` says."""
+    return candidates(LEARNERS, net, fit_config)
+
+
+def candidates(
+    names: Sequence[str], net: RewardNetConfig, fit_config: FitConfig
+) -> tuple[Candidate, ...]:
+    """The named candidates of `LEARNERS`, in the order given (`default_candidates` says
+    what each is).
+
+    Raises:
+        ValueError: an unknown or repeated name, or none.
+    """
+    if not names or len(set(names)) != len(names):
+        raise ValueError(f"learners must name at least one candidate, each once, got {list(names)}")
     sgd = dataclasses.replace(
         SGD_DECAY_FIT,
         standardise=fit_config.standardise,
         prequential_decay=fit_config.prequential_decay,
     )
-    return (
-        Candidate("mlp", net, fit_config),
-        Candidate("sgd-decay", net, sgd),
-        Candidate("linear", dataclasses.replace(net, hidden=()), fit_config),
-    )
+    built = {
+        "mlp": Candidate("mlp", net, fit_config),
+        "sgd-decay": Candidate("sgd-decay", net, sgd),
+        "linear": Candidate("linear", dataclasses.replace(net, hidden=()), fit_config),
+    }
+    return tuple(built[check_choice("learner", name, LEARNERS)] for name in names)
 
 
 class LearnerFamily:
@@ -131,6 +148,40 @@ class LearnerFamily:
         names = [c.name for c in self.candidates]
         losses = {f"loss/{n}": v for n in names if (v := self.losses[n].variance) is not None}
         return losses | {"served": float(names.index(self.served))}
+
+    def states(self) -> tuple[CandidateState, ...]:
+        """Every candidate's network and loss, for a checkpoint."""
+        return tuple(
+            CandidateState(
+                c.name,
+                self.nets[c.name].config,
+                {k: v.detach().cpu().clone() for k, v in self.nets[c.name].state_dict().items()},
+                self.losses[c.name],
+            )
+            for c in self.candidates
+        )
+
+    def restore(self, states: Sequence[CandidateState]) -> list[str]:
+        """Continue the candidates a checkpoint kept: each of `states` whose name and
+        network configuration match one of this family's takes its parameters and loss
+        (optimizers start afresh). Returns the names restored; the others start anew."""
+        restored = []
+        for kept in states:
+            net = self.nets.get(kept.name)
+            if net is None or kept.net_config != net.config:
+                continue
+            first = next(net.parameters())
+            net.load_state_dict({k: v.to(first.device) for k, v in kept.state.items()})
+            self.losses[kept.name] = kept.loss
+            self._optimizers.pop(kept.name, None)
+            restored.append(kept.name)
+        return restored
+
+    def all_finite(self) -> bool:
+        """Whether every candidate's parameters are finite (a diverged one is never kept)."""
+        return all(
+            bool(torch.isfinite(p).all()) for net in self.nets.values() for p in net.parameters()
+        )
 
     def _optimizer(self, candidate: Candidate, net: RewardNet) -> torch.optim.Optimizer | None:
         if not self.persist:

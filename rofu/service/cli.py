@@ -123,7 +123,7 @@ def _pin(args: argparse.Namespace) -> int:
             pinning.pin(
                 sessions,
                 store,
-                settings.net_config(),
+                settings.served_net_configs(),
                 args.version,
                 bus,
                 hash_seed=settings.feature_hash_seed,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -144,6 +144,19 @@ class ServiceMetrics:
             "diverges past 2",
             registry=r,
         )
+        self.learner_loss = Gauge(
+            "rofu_learner_prequential_loss",
+            "Each candidate learner's prequential squared loss at the last checkpoint: every "
+            "new row scored before the refit that trains on it (ROFU_LEARNERS)",
+            ["learner"],
+            registry=r,
+        )
+        self.learner_served = Gauge(
+            "rofu_learner_served",
+            "1 for the candidate learner the last checkpoint serves, 0 for the others",
+            ["learner"],
+            registry=r,
+        )
         self.trainer_rows = Counter(
             "rofu_trainer_rows_total",
             "Decisions consumed by the trainer, by use (rewarded, default, excluded)",
@@ -187,3 +200,11 @@ class ServiceMetrics:
             return 0.0 if stamp is None else max(time.time() - stamp, 0.0)
 
         self.checkpoint_age.set_function(age)
+
+    def record_learners(self, losses: Mapping[str, float | None], served: str) -> None:
+        """Set each candidate learner's prequential loss (none yet: left unset) and which
+        one is served."""
+        for name, loss in losses.items():
+            if loss is not None:
+                self.learner_loss.labels(name).set(loss)
+            self.learner_served.labels(name).set(1.0 if name == served else 0.0)

@@ -102,7 +102,7 @@ class Runtime:
             self.store,
             self.holder,
             self.metrics,
-            settings.net_config(),
+            settings.served_net_configs(),
             self.device,
             self.redis,
             hash_seed=settings.feature_hash_seed,

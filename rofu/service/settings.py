@@ -24,6 +24,7 @@ from pydantic_settings import (
 
 from rofu.client.schemas import ARM_ID_PATTERN
 from rofu.models import FitConfig, RewardNetConfig, RofuConfig
+from rofu.models.learners import LEARNERS, candidates
 from rofu.models.presets import PRESETS, PRODUCT, RofuPreset, get_preset
 from rofu.service.derived import SettingsPart, derived_settings, optional_settings
 
@@ -54,6 +55,12 @@ if TYPE_CHECKING:
     _ModelSettings = BaseSettings
 else:
     _ModelSettings = derived_settings("_ModelSettings", MODEL_PARTS)
+
+
+def family_learners(preset: RofuPreset) -> tuple[str, ...]:
+    """The learners a preset's trainer refits: the whole family where its schedule keeps
+    one, else the MLP alone."""
+    return LEARNERS if preset.schedule.family else ("mlp",)
 
 
 class Settings(_ModelSettings):
@@ -159,6 +166,10 @@ class Settings(_ModelSettings):
     )
     fit_max_steps: Annotated[int, Field(ge=0)] = 2000
     fit_persist: bool = PRODUCT.schedule.persist
+    # The candidate learners the trainer refits side by side (rofu.models.learners): each
+    # scores every new row before it is refitted on it, and the one with the lowest
+    # prequential squared loss is served. One name: that learner alone.
+    learners: tuple[str, ...] = family_learners(PRODUCT)
 
     trainer_metrics_port: Annotated[int, Field(ge=0, le=65535)] = 9101  # 0: no endpoint
     startup_timeout_seconds: Annotated[float, Field(gt=0)] = 120.0
@@ -177,6 +188,17 @@ class Settings(_ModelSettings):
         if name not in PRESETS:
             raise ValueError(f"preset: unknown preset {name!r}; known: {', '.join(PRESETS)}")
         return {**preset_settings(get_preset(name)), **data}
+
+    @field_validator("learners")
+    @classmethod
+    def _known_learners(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [name for name in value if name not in LEARNERS]
+        if unknown or not value or len(set(value)) != len(value):
+            raise ValueError(
+                f"learners must name each of {', '.join(LEARNERS)} at most once, at least one, "
+                f"got {list(value)}"
+            )
+        return value
 
     @field_validator("hidden")
     @classmethod
@@ -274,6 +296,11 @@ class Settings(_ModelSettings):
             seed=self.seed,
         )
 
+    def served_net_configs(self) -> tuple[RewardNetConfig, ...]:
+        """The network structures a checkpoint may serve: each candidate learner's (one,
+        `net_config`, for the MLP alone)."""
+        return tuple(c.net for c in candidates(self.learners, self.net_config(), self.fit_config()))
+
     def rofu_config(self) -> RofuConfig:
         """The ROFU estimator's hyper-parameters and selection rule."""
         return dataclasses.replace(get_preset(self.preset).rofu, **ROFU_PART.read(self))
@@ -296,6 +323,7 @@ class Settings(_ModelSettings):
             "fit_steps_per_row": self.fit_steps_per_row,
             "fit_max_steps": self.fit_max_steps,
             "fit_persist": self.fit_persist,
+            "learners": list(self.learners),
             "feature_hash_seed": self.feature_hash_seed,
         }
 
@@ -335,4 +363,5 @@ def preset_settings(preset: RofuPreset) -> dict[str, Any]:
         "fit_steps_per_row": preset.fit_steps_per_row,
         **FIT_PART.values(preset.schedule.fit),
         "fit_persist": preset.schedule.persist,
+        "learners": family_learners(preset),
     }

@@ -260,6 +260,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "ROFU_CHECKPOINT_POLL_SECONDS": "1",
         "ROFU_HOST": "127.0.0.1",
         "ROFU_EXPLORATION_FLOOR": "0.3",
+        # a learner family of two candidates of the same network, so the learner panel's
+        # series exist and the canary's other network still refuses every checkpoint
+        "ROFU_LEARNERS": '["mlp", "sgd-decay"]',
     }
     trainer_port, canary_port, prometheus_port = free_port(), free_port(), free_port()
     trainer_env = {

@@ -48,6 +48,11 @@ def test_cli_config_error_shows_the_traceback_with_debug():
         ({"estimator": "ntk-closed"}, "l2 must be > 0 for estimator 'ntk-closed', got 0.0"),
         ({"arms": [{"id": "a b"}]}, "ROFU_ARMS[0][id]='a b': String should match pattern"),
         ({"port": 0}, "ROFU_PORT=0: Input should be greater than or equal to 1"),
+        (
+            {"learners": ["mlp", "tree"]},
+            "ROFU_LEARNERS=['mlp', 'tree']: learners must name each of mlp, "
+            "sgd-decay, linear at most once",
+        ),
     ],
 )
 def test_cli_config_errors_name_each_mistake(kwargs, line):

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -27,7 +29,9 @@ from rofu.models.checkpoint import checkpoint_checksum
 HASH_SEED_KEY = "feature_hash_seed"
 
 
-def load_served(blob: bytes, expect: RewardNetConfig, *, hash_seed: int) -> Checkpoint:
+def load_served(
+    blob: bytes, expect: RewardNetConfig | Sequence[RewardNetConfig], *, hash_seed: int
+) -> Checkpoint:
     """Verify and load a checkpoint this replica (or trainer) may serve or continue.
 
     Besides the network structure (`load_checkpoint`'s `expect`), the feature hash seed
@@ -65,6 +69,10 @@ class Snapshot:
     context_high: torch.Tensor | None = None
     # (F,) the extremes of the arm features the sample's rows carry (None: none carry any)
     features_seen: tuple[torch.Tensor, torch.Tensor] | None = None
+    # (name, prequential loss or None) of each candidate learner the trainer refitted,
+    # and the one served (a checkpoint made without a family: the MLP alone)
+    learners: tuple[tuple[str, float | None], ...] = ()
+    served_learner: str = "mlp"
 
     def bounded(self, contexts: torch.Tensor) -> torch.Tensor:
         """(B, D) contexts clamped, feature by feature, into the range the network was
@@ -93,7 +101,12 @@ class Snapshot:
 
     @classmethod
     def from_blob(
-        cls, blob: bytes, expect: RewardNetConfig, device: torch.device, *, hash_seed: int
+        cls,
+        blob: bytes,
+        expect: RewardNetConfig | Sequence[RewardNetConfig],
+        device: torch.device,
+        *,
+        hash_seed: int,
     ) -> Snapshot:
         """Verify and load a checkpoint blob (`load_served`); raises CheckpointError if it
         is bad, of another network structure or of another feature hash seed."""
@@ -123,7 +136,19 @@ class Snapshot:
             context_low=low,
             context_high=high,
             features_seen=features_seen,
+            **_learners(checkpoint),
         )
+
+
+def _learners(checkpoint: Checkpoint) -> dict[str, Any]:
+    """A snapshot's `learners` and `served_learner` fields from its checkpoint."""
+    if not checkpoint.candidates:
+        noise = checkpoint.data.noise
+        return {"learners": (("mlp", None if noise is None else noise.variance),)}
+    return {
+        "learners": tuple((c.name, c.loss.variance) for c in checkpoint.candidates),
+        "served_learner": checkpoint.served_learner,
+    }
 
 
 def _widened(low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

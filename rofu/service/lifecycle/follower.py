@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from enum import StrEnum
 
 import redis
@@ -54,7 +54,7 @@ class CheckpointFollower:
         store: CheckpointStore,
         holder: SnapshotHolder,
         metrics: ServiceMetrics,
-        expect: RewardNetConfig,
+        expect: RewardNetConfig | Sequence[RewardNetConfig],
         device: torch.device,
         redis_bus: RedisBus | None = None,
         *,

@@ -6,6 +6,8 @@ replicas apply it at once, and their periodic sync applies it anyway.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rofu.models import CheckpointError, RewardNetConfig
 from rofu.service.db import repository
 from rofu.service.db.engine import SessionFactory
@@ -18,7 +20,7 @@ from rofu.service.lifecycle.redis_bus import PIN_NOTICE, RedisBus
 def pin(
     sessions: SessionFactory,
     store: CheckpointStore,
-    expect: RewardNetConfig,
+    expect: RewardNetConfig | Sequence[RewardNetConfig],
     version: int,
     bus: RedisBus | None = None,
     *,

@@ -40,6 +40,9 @@ from datetime import UTC, datetime, timedelta
 import torch
 
 from rofu.models import Checkpoint, DataBuffer, FitConfig, RewardNet, dump_checkpoint, fit
+from rofu.models.checkpoint import CandidateState
+from rofu.models.data import Prequential, Transitions
+from rofu.models.learners import LearnerFamily, candidates
 from rofu.models.rofu import ascent_rho
 from rofu.models.scaling import scoring_inputs, squared_residuals
 from rofu.models.training import make_optimizer
@@ -130,6 +133,8 @@ class Trainer:
         self._lock = trainer_lock(sessions) if lock is None else lock
         self._catalogue = CatalogueCache(sessions, ttl_s=0.0)
         self._kept: _Kept | None = None  # the optimizer fit_persist carries over
+        # (version, its FitConfig steps aside, the family) of the last checkpoint published
+        self._kept_family: tuple[int, FitConfig, LearnerFamily] | None = None
         self._waiting = False  # another trainer held the lock at the last try
 
     def run_once(self) -> TrainReport | None:
@@ -165,7 +170,9 @@ class Trainer:
         previous = None
         if latest is not None:
             previous = load_served(
-                latest[1], self.settings.net_config(), hash_seed=self.settings.feature_hash_seed
+                latest[1],
+                self.settings.served_net_configs(),
+                hash_seed=self.settings.feature_hash_seed,
             )
         used = [(row, self._target(row)) for row in rows]
         trained = [(row, target) for row, target in used if target is not None]
@@ -183,6 +190,12 @@ class Trainer:
         buffer = training_data.continued_buffer(self.settings, previous, run.version, features)
         new = training_data.transitions(trained, self.settings.context_dim, features)
         config = self.settings.fit_config(new_rows=len(trained))
+        if self.settings.learners != ("mlp",):
+            family = self._family(previous, config)
+            net, metrics = self._fit_family(family, buffer, new, run.version, features)
+            report = self._publish(net, buffer, features, metrics, run, family)
+            self._kept_family = (run.version, dataclasses.replace(config, steps=0), family)
+            return report
         net, optimizer = self._continue(previous, config)
         # theta_{t-1} scores the new rows before it is refitted on them (the prequential noise)
         buffer.score_residuals(squared_residuals(net, new, features), config.prequential_decay)
@@ -193,6 +206,51 @@ class Trainer:
         if optimizer is not None:
             self._kept = _Kept(run.version, net, optimizer, dataclasses.replace(config, steps=0))
         return report
+
+    def _family(self, previous: Checkpoint | None, config: FitConfig) -> LearnerFamily:
+        """The candidate learners to refit: the family in memory while this process
+        continues the checkpoint it published last (with fit_persist, their optimizers
+        too), else one continuing the candidates the previous checkpoint kept. From a
+        checkpoint without a family, `mlp` continues its network and its loss; a
+        candidate it did not keep starts anew."""
+        kept, self._kept_family = self._kept_family, None
+        steps0 = dataclasses.replace(config, steps=0)
+        if kept is not None and previous is not None and kept[:2] == (previous.version, steps0):
+            family = kept[2]
+        else:
+            family = LearnerFamily(
+                candidates(self.settings.learners, self.settings.net_config(), config),
+                decay=config.prequential_decay,
+                persist=self.settings.fit_persist,
+            )
+            if previous is not None:
+                family.restore(previous.candidates or (_as_candidate(previous),))
+        family.candidates = tuple(  # every candidate takes this run's steps
+            dataclasses.replace(c, fit=dataclasses.replace(c.fit, steps=config.steps))
+            for c in family.candidates
+        )
+        return family
+
+    def _fit_family(
+        self,
+        family: LearnerFamily,
+        buffer: DataBuffer,
+        new: Transitions,
+        version: int,
+        features: torch.Tensor | None,
+    ) -> tuple[RewardNet, dict[str, float]]:
+        """Every candidate scores the new rows, then is refitted on the buffer with them;
+        the served candidate's loss is the buffer's prequential noise."""
+        family.observe(new, features)
+        buffer.noise = family.losses[family.served]
+        buffer.append(new)
+        generator = torch.Generator().manual_seed(self.settings.seed + 7919 * version)
+        metrics = family.fit(buffer.view(), generator, features)
+        if not family.all_finite():
+            raise RuntimeError(  # never publish a model that would score NaN
+                f"training checkpoint {version} diverged (non-finite parameters); not published"
+            )
+        return family.served_net, metrics
 
     def _target(self, row: repository.TrainingRow) -> float | None:
         """The training target, or None to exclude the row (no reward and no default, or
@@ -279,6 +337,7 @@ class Trainer:
         features: torch.Tensor | None,
         metrics: dict[str, float],
         run: _Run,
+        family: LearnerFamily | None = None,
     ) -> TrainReport:
         n_slots = self.settings.max_arms if features is None else features.shape[0]
         data = buffer.regulariser_data(n_slots)
@@ -301,6 +360,8 @@ class Trainer:
                 "config": json.dumps(self.settings.model_config_record(), sort_keys=True),
                 HASH_SEED_KEY: str(self.settings.feature_hash_seed),
             },
+            candidates=() if family is None else family.states(),
+            served_learner=None if family is None else family.served,
         )
         blob = dump_checkpoint(checkpoint)
         self._store.save(
@@ -318,6 +379,9 @@ class Trainer:
         report = self._report(run.version, run, metrics["loss"], self._expire(run, run.version))
         report = dataclasses.replace(report, ascent_rho=metrics["ascent_rho"])
         self._record(report)
+        if family is not None and self._metrics is not None:
+            losses = {c.name: family.losses[c.name].variance for c in family.candidates}
+            self._metrics.record_learners(losses, family.served)
         return report
 
     def _announce(self, version: int, blob: bytes) -> None:
@@ -397,3 +461,11 @@ class Trainer:
     def _skipped(self, reason: str) -> None:
         if self._metrics is not None:
             self._metrics.trainer_skipped.labels(reason).inc()
+
+
+def _as_candidate(previous: Checkpoint) -> CandidateState:
+    """A checkpoint made without a family as the `mlp` candidate: its network, and its
+    prequential noise as the loss so far."""
+    return CandidateState(
+        "mlp", previous.net_config, previous.state, previous.data.noise or Prequential()
+    )

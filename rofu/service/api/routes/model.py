@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from rofu.client.schemas import CheckpointInfo, ModelResponse
+from rofu.client.schemas import CheckpointInfo, LearnerInfo, ModelResponse
 from rofu.service.api.deps import ClientAuth, SessionsDep, SettingsDep, SnapshotDep
 from rofu.service.api.routes import API_PREFIX
 from rofu.service.api.schemas import error_responses
@@ -33,9 +33,18 @@ async def model_info(snapshot: SnapshotDep, settings: SettingsDep) -> ModelRespo
         created_at=None if snapshot is None else snapshot.created_at,
         age_seconds=None if snapshot is None else max(time.time() - snapshot.created_at, 0.0),
         n_data=0 if snapshot is None else snapshot.data.n_total,
-        network=dataclasses.asdict(settings.net_config()),
+        network=dataclasses.asdict(
+            settings.net_config() if snapshot is None else snapshot.net.config
+        ),
         rofu=dataclasses.asdict(settings.rofu_config()),
         feature_hash_seed=settings.feature_hash_seed,
+        learner=None if snapshot is None else snapshot.served_learner,
+        learners=[]
+        if snapshot is None
+        else [
+            LearnerInfo(name=name, prequential_loss=loss, served=name == snapshot.served_learner)
+            for name, loss in snapshot.learners
+        ],
     )
 
 
