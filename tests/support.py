@@ -36,6 +36,20 @@ def unavailable(what: str, error: Exception) -> None:
     pytest.skip(message)
 
 
+def require_module(name: str, installed_by: str) -> Any:
+    """The imported module `name`; missing, it fails in CI and skips elsewhere (as
+    `unavailable` does), saying what installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as error:
+        message = f"{name} is not installed ({installed_by}): {error}"
+        if os.environ.get("ROFU_REQUIRE_SERVICES") == "1":
+            pytest.fail(message + " (ROFU_REQUIRE_SERVICES=1)")
+        pytest.skip(message)
+
+
 def require_postgres() -> str:
     """The test database URL, after checking Postgres answers."""
     try:
