@@ -210,6 +210,34 @@ class LearnerInfo(BaseModel):
     served: bool
 
 
+class TrainingInfo(BaseModel):
+    """How soon the service can learn: when its trainer runs and which decisions it trains on.
+
+    These are this replica's settings; a separate `rofu trainer` process reads its own.
+    """
+
+    trainer: Literal["embedded", "external"] = Field(
+        description="`embedded`: the service's own process trains, in a background thread; "
+        "`external`: a separate `rofu trainer` process is expected (ROFU_EMBEDDED_TRAINER "
+        "false, or ROFU_REDIS_URL set), which the service cannot see"
+    )
+    reward_window_seconds: float = Field(
+        description="A decision is trained on once this long has passed since it was made "
+        "(ROFU_REWARD_WINDOW_SECONDS; 0: at the trainer's next run)"
+    )
+    train_every_rewards: int = Field(
+        description="A training run starts after this many new rewards (ROFU_TRAIN_EVERY_REWARDS)"
+    )
+    train_interval_seconds: float = Field(
+        description="A training run also starts once this long passed since the last one "
+        "(ROFU_TRAIN_INTERVAL_SECONDS)"
+    )
+    checkpoint_poll_seconds: float = Field(
+        description="How often a replica looks for a new checkpoint no notice announced "
+        "(ROFU_CHECKPOINT_POLL_SECONDS)"
+    )
+
+
 class ModelResponse(BaseModel):
     """The model this replica serves."""
 
@@ -229,6 +257,9 @@ class ModelResponse(BaseModel):
     learners: list[LearnerInfo] = Field(
         default_factory=list,
         description="Every candidate learner the trainer refitted for the served checkpoint",
+    )
+    training: TrainingInfo | None = Field(
+        default=None, description="When the service trains; absent from older services"
     )
 
 

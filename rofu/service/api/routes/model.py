@@ -9,11 +9,12 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from rofu.client.schemas import CheckpointInfo, LearnerInfo, ModelResponse
+from rofu.client.schemas import CheckpointInfo, LearnerInfo, ModelResponse, TrainingInfo
 from rofu.service.api.deps import ClientAuth, SessionsDep, SettingsDep, SnapshotDep
 from rofu.service.api.routes import API_PREFIX
 from rofu.service.api.schemas import error_responses
 from rofu.service.db import repository
+from rofu.service.settings import Settings
 
 MAX_PAGE = 500
 router = APIRouter(
@@ -26,7 +27,7 @@ router = APIRouter(
 
 @router.get("", response_model=ModelResponse)
 async def model_info(snapshot: SnapshotDep, settings: SettingsDep) -> ModelResponse:
-    """The served checkpoint, network and ROFU settings."""
+    """The served checkpoint, network and ROFU settings, and when the service trains."""
     return ModelResponse(
         version=0 if snapshot is None else snapshot.version,
         checksum=None if snapshot is None else snapshot.checksum,
@@ -45,6 +46,18 @@ async def model_info(snapshot: SnapshotDep, settings: SettingsDep) -> ModelRespo
             LearnerInfo(name=name, prequential_loss=loss, served=name == snapshot.served_learner)
             for name, loss in snapshot.learners
         ],
+        training=_training(settings),
+    )
+
+
+def _training(settings: Settings) -> TrainingInfo:
+    """When the service can learn, from its settings."""
+    return TrainingInfo(
+        trainer="embedded" if settings.in_process_trainer else "external",
+        reward_window_seconds=settings.reward_window_seconds,
+        train_every_rewards=settings.train_every_rewards,
+        train_interval_seconds=settings.train_interval_seconds,
+        checkpoint_poll_seconds=settings.checkpoint_poll_seconds,
     )
 
 
