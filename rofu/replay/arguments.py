@@ -17,6 +17,7 @@ from rofu.replay.simulation.datafile import (
     parse_delimiter,
 )
 from rofu.replay.simulation.datasets import DATASETS, check_datasets
+from rofu.replay.simulation.http_plan import ALLOW_FLAG, DEFAULT_WAIT_S, SYNC_MODES
 from rofu.replay.simulation.policies import TUNED_PRESETS
 
 DEFAULT_OUT = Path("results") / "tmp"  # git-ignored: a default run overwrites no committed report
@@ -141,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
         "launch-bound, slower than a CPU core; auto: CUDA when present)",
     )
     parser.add_argument("--report-only", action="store_true", help="only rebuild the report")
-    parser.add_argument("--http", metavar="URL", help="play against a live service at URL")
+    _live_service(parser)
     parser.add_argument(
         "--combine",
         type=folders,
@@ -159,6 +160,65 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-progress", action="store_true", help="no progress bar (e.g. when logging to a file)"
     )
     return parser
+
+
+def seconds(text: str) -> float:
+    """A positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _live_service(parser: argparse.ArgumentParser) -> None:
+    live = parser.add_argument_group(
+        "against a live service",
+        "--http plays the streams with real /select and /reward calls. Before each run it "
+        "reads the service's settings (GET /v1/model) and says on stderr, a line each, what "
+        "they imply: when a model can come, and the waits for it",
+    )
+    live.add_argument("--http", metavar="URL", help="play against a live service at URL")
+    live.add_argument(
+        "--http-sync",
+        choices=SYNC_MODES,
+        help="when the run waits for the service to learn: every (the default): after the "
+        "warm-start rounds, then every ROFU_TRAIN_EVERY_REWARDS rounds, for a model that "
+        "learned from every round played; first: once, for model 1; none: never (refused "
+        f"on a service that serves no model, unless {ALLOW_FLAG})",
+    )
+    live.add_argument(
+        "--http-wait",
+        type=seconds,
+        metavar="SECONDS",
+        help=f"the longest wait for one model (default {DEFAULT_WAIT_S:g}); a wait for model 1 "
+        "that ends without one stops the run",
+    )
+    live.add_argument(
+        ALLOW_FLAG,
+        action="store_true",
+        help="run where the service's settings leave only cold-start (uniform) decisions, "
+        "and play on where no model 1 came in time",
+    )
+
+
+def http_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Check the --http-* options go with --http, and fill in their defaults."""
+    given = [
+        flag
+        for flag, value in (
+            ("--http-sync", args.http_sync),
+            ("--http-wait", args.http_wait),
+            (ALLOW_FLAG, args.http_allow_cold_start or None),
+        )
+        if value is not None
+    ]
+    if given and not args.http:
+        parser.error(f"{', '.join(given)}: only with --http")
+    args.http_sync = args.http_sync or "every"
+    args.http_wait = DEFAULT_WAIT_S if args.http_wait is None else args.http_wait
 
 
 def checked_datasets(

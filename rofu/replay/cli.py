@@ -10,7 +10,6 @@ policies are checked before anything runs."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -20,12 +19,10 @@ from rofu.replay.arguments import (
     build_parser,
     checked_datasets,
     command_text,
+    http_options,
     named_datasets,
 )
 from rofu.replay.runner import PROTOCOLS, Protocol, jobs_for, run_jobs
-from rofu.replay.simulation.datafile import (
-    ClassificationFile,
-)
 from rofu.replay.simulation.policies import BUILT_IN, TUNED_PRESETS, canonical_policy_name
 
 
@@ -44,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.compact:
         return _compact(parser, args)
     out = args.out or DEFAULT_OUT / args.protocol
+    http_options(parser, args)
     if args.http and args.report_only:
         parser.error("--report-only rebuilds a report from run files; it does not go with --http")
     try:  # matched without regard to case; run files and reports use the canonical name
@@ -57,7 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     datasets, file = checked_datasets(parser, args, protocol, files=not done)
     if args.http:
-        return _http(parser, args.http, datasets, file, seeds, rounds, out, args.data_dir)
+        from rofu.replay.http_run import Study, run_http
+
+        options = (args.http_sync, args.http_wait, args.http_allow_cold_start)
+        study = Study(args.http, rounds, out / "http", command_text(argv), *options)
+        return run_http(parser, study, datasets, seeds, file, args.data_dir)
     if not args.report_only:
         presets = _preset_of(parser, args, datasets, protocol)
         run_jobs(
@@ -196,46 +198,4 @@ def _compact(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     print(f"{len(written)} run files under {args.out / 'runs'} converted to summaries")
-    return 0
-
-
-def _http(
-    parser: argparse.ArgumentParser,
-    url: str,
-    datasets: tuple[str, ...],
-    file: ClassificationFile | None,
-    seeds: tuple[int, ...],
-    rounds: int,
-    out: Path,
-    data_dir: Path | None,
-) -> int:
-    from rofu.client import RofuError
-    from rofu.replay.runs import run_name
-    from rofu.replay.simulation.datasets import load_bandit
-    from rofu.replay.simulation.http_driver import play, serve_command
-
-    figures = []
-    for name in datasets:
-        bandit = load_bandit(file if file is not None and name == file.name else name, data_dir)
-        for seed in seeds:
-            try:
-                run = play(url, bandit, bandit.stream(rounds, seed), seed)
-            except ValueError as exc:  # the service is not shaped for the bandit
-                parser.error(f"{exc}; start a service for it with:\n  {serve_command(bandit)}")
-            except RofuError as exc:
-                parser.error(f"the service at {url} answered {exc}")
-            run.result.save(out / "http" / name / run_name(seed, rounds).replace(".json", ".npz"))
-            figures.append(
-                {
-                    "dataset": name,
-                    "seed": seed,
-                    "rounds": rounds,
-                    "pseudo_regret": run.result.final_pseudo_regret,
-                    "regret": run.result.final_regret,
-                    **run.percentiles(),
-                }
-            )
-            print(json.dumps(figures[-1]))
-    (out / "http").mkdir(parents=True, exist_ok=True)
-    (out / "http" / "results.json").write_text(json.dumps(figures, indent=2))
     return 0

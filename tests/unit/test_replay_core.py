@@ -683,7 +683,11 @@ def test_replay_http_says_how_to_start_a_service_shaped_for_the_bandit(
 ):
     import shlex
 
+    import httpx
+
+    import rofu.replay.http_run as http_run
     import rofu.replay.simulation.http_driver as http_driver
+    from rofu.client import RofuClient
     from rofu.replay.simulation.bandits import MLPBandit
     from rofu.service.settings import Settings
 
@@ -694,18 +698,33 @@ def test_replay_http_says_how_to_start_a_service_shaped_for_the_bandit(
     settings = Settings()  # what `rofu serve` would read from that environment
     assert settings.context_dim == MLPBandit().context_dim
     assert len(settings.arms) == settings.max_arms == MLPBandit().n_arms
+    # and it learns within seconds of the rounds: its own trainer, a 1 s window, a run a second
+    assert settings.in_process_trainer
+    assert settings.reward_window_seconds == settings.train_interval_seconds == 1.0
 
-    def misfit(*args, **kwargs):
-        raise ValueError("the service has context_dim 8 and 4 active arms; mlp needs 10 and 10")
+    def misfit(request: httpx.Request) -> httpx.Response:  # the demo service: 8 features, 4 arms
+        if request.url.path == "/v1/arms":
+            arms = [
+                {"id": f"arm-{i}", "slot": i, "features": None, "active": True} for i in range(4)
+            ]
+            return httpx.Response(200, json=arms)
+        model = {"version": 0, "checksum": None, "created_at": None, "age_seconds": None}
+        body = model | {"n_data": 0, "network": {"context_dim": 8}, "rofu": {}}
+        return httpx.Response(200, json=body | {"feature_hash_seed": 0})
 
-    monkeypatch.setattr(http_driver, "play", misfit)
+    monkeypatch.setattr(
+        http_run,
+        "RofuClient",
+        lambda url, **kw: RofuClient(url, transport=httpx.MockTransport(misfit), **kw),
+    )
     argv = ["--http", "http://127.0.0.1:9", "--datasets", "mlp", "--seeds", "0", "--rounds", "5"]
     with pytest.raises(SystemExit) as exc:
         main([*argv, "--out", str(tmp_path)])
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert "mlp needs 10 and 10" in err
+    assert "the service has context_dim 8 and 4 active arms; mlp needs 10 and 10" in err
     assert "ROFU_CONTEXT_DIM=10" in err
+    assert "ROFU_REWARD_WINDOW_SECONDS=1" in err
 
 
 def test_policy_names_match_without_regard_to_case():
