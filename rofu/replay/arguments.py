@@ -186,21 +186,21 @@ def _live_service(parser: argparse.ArgumentParser) -> None:
         choices=SYNC_MODES,
         help="when the run waits for the service to learn: every (the default): after the "
         "warm-start rounds, then every ROFU_TRAIN_EVERY_REWARDS rounds, for a model that "
-        "learned from every round played; first: once, for model 1; none: never (refused "
-        f"on a service that serves no model, unless {ALLOW_FLAG})",
+        "learned from every round played; first: once, after the warm-start rounds; none: "
+        f"never (refused on a service that serves no model, unless {ALLOW_FLAG})",
     )
     live.add_argument(
         "--http-wait",
         type=seconds,
         metavar="SECONDS",
-        help=f"the longest wait for one model (default {DEFAULT_WAIT_S:g}); a wait for model 1 "
-        "that ends without one stops the run",
+        help=f"the longest wait for one model (default {DEFAULT_WAIT_S:g}); a wait that ends "
+        "with no model at all stops the run",
     )
     live.add_argument(
         ALLOW_FLAG,
         action="store_true",
         help="run where the service's settings leave only cold-start (uniform) decisions, "
-        "and play on where no model 1 came in time",
+        "and play on where no model came in time",
     )
 
 

@@ -28,7 +28,7 @@ COLD_START_POLICY = "cold-start"
 
 
 class NoModel(RuntimeError):
-    """No model came within a wait for model 1: the run would be cold-start decisions."""
+    """A wait ended with no model at all: the run would be cold-start decisions."""
 
 
 def _stderr(line: str) -> None:
@@ -243,7 +243,7 @@ def play(
 
     Raises:
         ValueError: the service is not shaped for the bandit.
-        NoModel: a wait for model 1 ended with none (unless `sync.allow_cold_start`).
+        NoModel: a wait ended with no model at all (unless `sync.allow_cold_start`).
     """
     sync = sync or Sync()
     run_id = uuid.uuid4().hex[:12]

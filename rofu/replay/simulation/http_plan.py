@@ -9,8 +9,8 @@ after the last run). The replay plays far faster than that, so without waiting e
 round of a short run is decided before any model exists. `--http-sync every` (the
 default) plays the warm-start rounds, then waits for a model that learned from every
 round played, and again every `train_every_rewards` rounds: the service learns in step
-with the stream whatever the replay's speed. `first` waits once, for model 1; `none`
-never waits.
+with the stream whatever the replay's speed. `first` waits once, after the warm-start
+rounds, for a model that learned from them; `none` never waits.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def plan(
     if training is not None:
         lines += _schedule_lines(training, sync, warm, waits, model.version)
     elif mode == "every":
-        lines.append("it does not say when it trains: the replay waits only for model 1")
+        lines.append("it does not say when it trains: the replay waits only for a first model")
     if refusal is not None:
         lines.append(f"{ALLOW_FLAG}: the run goes ahead, though {refusal[0]}")
     return Plan(sync, tuple(lines))
@@ -190,8 +190,11 @@ def _schedule_lines(
         reason = "--http-sync none" if sync.mode == "none" else f"model {version} serves"
         return [f"no waits ({reason}): {lag} at the earliest, then at the trainer's next run"]
     if sync.mode == "first" or sync.every is None:
-        what = f"model 1, about {low:g}-{high:g} s away; then it plays on without waiting ({lag})"
-        lines = [f"after the {warm} warm-start rounds the replay waits for {what}"]
+        what = f"a model that learned from them, about {low:g}-{high:g} s away"
+        lines = [
+            f"after the {warm} warm-start rounds the replay waits for {what}; then it plays "
+            f"on without waiting ({lag})"
+        ]
     else:
         lines = [
             f"after the {warm} warm-start rounds and then every {sync.every} rounds the "
