@@ -243,7 +243,9 @@ class ModelResponse(BaseModel):
 
     version: int = Field(description="0: no checkpoint yet (cold start, uniform choices)")
     checksum: str | None
-    created_at: float | None = Field(description="Unix time the trainer made it")
+    created_at: datetime | None = Field(
+        description="When the trainer made it (ISO 8601, UTC); null: no checkpoint yet"
+    )
     age_seconds: float | None
     n_data: int = Field(description="|D|, logged transitions the checkpoint learned from")
     network: dict[str, object]
@@ -267,7 +269,7 @@ class CheckpointInfo(BaseModel):
     """A stored checkpoint's metadata."""
 
     version: int
-    created_at: float
+    created_at: datetime = Field(description="When the trainer made it (ISO 8601, UTC)")
     checksum: str
     size_bytes: int
     rows_trained: int

@@ -13,6 +13,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
@@ -629,6 +630,25 @@ async def test_service_failed_start_releases_the_database(
         async with app.router.lifespan_context(app):
             pass
     assert runtime.engine.pool.checkedin() == 0  # disposed: no connection left open
+
+
+@pytest.mark.anyio
+async def test_model_times_are_iso_8601_utc(sqlite_settings: Settings) -> None:
+    async with app_client(sqlite_settings) as (client, _):
+        cold = (await client.get("/v1/model")).json()
+    assert (cold["version"], cold["created_at"], cold["age_seconds"]) == (0, None, None)
+    before = datetime.now(UTC)
+    seed_checkpoint(sqlite_settings, n_rows=20, version=1)
+    async with app_client(sqlite_settings) as (client, _):
+        model = (await client.get("/v1/model")).json()
+        (stored,) = (await client.get("/v1/model/checkpoints")).json()
+    for stamp in (model["created_at"], stored["created_at"]):
+        assert isinstance(stamp, str), stamp
+        assert stamp.endswith("Z"), stamp
+        made = datetime.fromisoformat(stamp)
+        assert made.utcoffset() == timedelta(0)
+        assert before - timedelta(seconds=5) <= made <= datetime.now(UTC)
+    assert model["age_seconds"] >= 0
 
 
 @pytest.mark.anyio

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
@@ -28,10 +29,11 @@ router = APIRouter(
 @router.get("", response_model=ModelResponse)
 async def model_info(snapshot: SnapshotDep, settings: SettingsDep) -> ModelResponse:
     """The served checkpoint, network and ROFU settings, and when the service trains."""
+    created = None if snapshot is None else datetime.fromtimestamp(snapshot.created_at, UTC)
     return ModelResponse(
         version=0 if snapshot is None else snapshot.version,
         checksum=None if snapshot is None else snapshot.checksum,
-        created_at=None if snapshot is None else snapshot.created_at,
+        created_at=created,
         age_seconds=None if snapshot is None else max(time.time() - snapshot.created_at, 0.0),
         n_data=0 if snapshot is None else snapshot.data.n_total,
         network=dataclasses.asdict(
@@ -83,7 +85,7 @@ async def checkpoints(
     return [
         CheckpointInfo(
             version=row.version,
-            created_at=row.created_at.timestamp(),
+            created_at=row.created_at,
             checksum=row.checksum,
             size_bytes=row.size_bytes,
             rows_trained=row.rows_trained,
