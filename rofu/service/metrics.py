@@ -53,7 +53,8 @@ class ServiceMetrics:
         self.rewards = Counter(
             "rofu_rewards_total",
             "Reward posts by outcome (accepted, late: stored but never trained on, duplicate, "
-            "conflict, unknown_event)",
+            "conflict, ignored: another value on the Personalizer-compatible API, not used, "
+            "unknown_event)",
             ["outcome"],
             registry=r,
         )

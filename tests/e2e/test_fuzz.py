@@ -170,7 +170,8 @@ def explained(
         return {}
     if operation == REWARD:  # 204, no body: the request says what was stored
         event_id, value = case.path_parameters["eventId"], case.body["value"]
-        return {} if before.rewards.get(event_id) == value else {"rewards set": {event_id: value}}
+        # the first value wins: a repeat, with any value, changes no stored value
+        return {} if event_id in before.rewards else {"rewards set": {event_id: value}}
     body = response.json()
     if operation == RANK:
         new = body["eventId"] not in before.decisions

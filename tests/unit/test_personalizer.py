@@ -168,13 +168,10 @@ async def test_personalizer_reward_example_stores_the_reward(service: Service) -
     assert _scalar(app, "select value from rewards where event_id = 'id'") == 1.0
     repeat = await client.post(f"{PREFIX}/events/{EXAMPLE_EVENT}/reward", json=REWARD)
     assert repeat.status_code == 204  # the same value again: a harmless duplicate
-    other = await client.post(f"{PREFIX}/events/{EXAMPLE_EVENT}/reward", json={"value": 0.5})
-    assert "first value wins" in assert_error(other, 409, "value")["message"]
     text_body = (await client.get("/metrics")).text
     outcomes = _samples(text_body, "rofu_rewards_total")
     assert outcomes[(("outcome", "accepted"),)] == 1
     assert outcomes[(("outcome", "duplicate"),)] == 1
-    assert outcomes[(("outcome", "conflict"),)] == 1
     rewarded = _samples(text_body, "rofu_rewarded_decisions_total")
     assert sum(rewarded.values()) == 1  # the business metrics, once
     arm = ranked.json()["rewardActionId"]
@@ -182,6 +179,39 @@ async def test_personalizer_reward_example_stores_the_reward(service: Service) -
     v1 = await client.post("/v1/reward", json={"event_id": EXAMPLE_EVENT, "value": 1.0})
     assert v1.json()["duplicate"] is True  # one store behind both APIs
     assert _scalar(app, "select count(*) from rewards") == 1
+
+
+@pytest.mark.anyio
+async def test_personalizer_reward_with_another_value_is_accepted_and_ignored(
+    service: Service,
+) -> None:
+    client, app = service
+    ranked = await client.post(f"{PREFIX}/rank", json={**RANK, "eventId": EXAMPLE_EVENT})
+    assert ranked.status_code == 201, ranked.text
+    first = await client.post(f"{PREFIX}/events/{EXAMPLE_EVENT}/reward", json={"value": 0.25})
+    others = [
+        await client.post(f"{PREFIX}/events/{EXAMPLE_EVENT}/reward", json={"value": value})
+        for value in (1.0, -1.0)
+    ]
+    # as Personalizer's default (rewardAggregation "earliest"): every post a 204, the first
+    # value kept, the others counted as repeats of the row and in the metrics
+    assert [r.status_code for r in (first, *others)] == [204, 204, 204]
+    assert all(r.content == b"" for r in others)
+    stored = "select value, repeats from rewards where event_id = 'id'"
+    with app.state.runtime.engine.connect() as connection:
+        assert tuple(connection.execute(text(stored)).one()) == (0.25, 2)
+    text_body = (await client.get("/metrics")).text
+    outcomes = _samples(text_body, "rofu_rewards_total")
+    assert outcomes[(("outcome", "accepted"),)] == 1
+    assert outcomes[(("outcome", "ignored"),)] == 2
+    assert outcomes.get((("outcome", "conflict"),), 0) == 0
+    value = _samples(text_body, "rofu_reward_value_total")
+    assert sum(value.values()) == 0.25  # the first value alone reaches the business metrics
+    # /v1/reward keeps its own rule: another value is a 409 and changes nothing
+    v1 = await client.post("/v1/reward", json={"event_id": EXAMPLE_EVENT, "value": 0.5})
+    assert (v1.status_code, v1.json()["error"]["code"]) == (409, "conflict")
+    with app.state.runtime.engine.connect() as connection:
+        assert tuple(connection.execute(text(stored)).one()) == (0.25, 2)
 
 
 @pytest.mark.anyio

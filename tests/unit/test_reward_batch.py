@@ -145,6 +145,34 @@ def test_reward_batch_gives_each_post_what_it_gets_posted_alone(
     ]
 
 
+def test_reward_batch_keeps_the_first_value_for_a_post_that_asks_it(
+    worlds: tuple[World, World],
+) -> None:
+    world, _ = worlds
+    posts = [  # the Personalizer-compatible facade's posts: another value is ignored
+        RewardPost("clash", 2.0, keep_first=True),  # rewarded 1.0 before
+        RewardPost("new", 0.5, keep_first=True),
+        RewardPost("new", -0.5, keep_first=True),  # the post just before wins
+        RewardPost("new", 0.5, keep_first=True),  # a plain duplicate
+        RewardPost("twice-diff", 0.25),
+        RewardPost("twice-diff", 0.75),  # without keep_first: still a conflict
+    ]
+    results = RewardBatch(world.sessions, WINDOW)(posts)
+    seen = [
+        type(r) if isinstance(r, Exception) else (r.value, r.duplicate, r.ignored) for r in results
+    ]
+    assert seen == [
+        (1.0, True, True),
+        (0.5, False, False),
+        (0.5, True, True),
+        (0.5, True, False),
+        (0.25, False, False),
+        Conflict,
+    ]
+    stored = {event_id: (value, repeats) for event_id, value, repeats, _ in world.rewards()}
+    assert (stored["clash"], stored["new"], stored["twice-diff"]) == ((1.0, 1), (0.5, 2), (0.25, 0))
+
+
 def _fail_on(engine: Engine, prefix: str) -> None:
     """Every statement starting with `prefix` fails as on a full disk."""
 

@@ -20,22 +20,26 @@ from rofu.service.errors import Conflict, NotFound
 
 @dataclass(frozen=True)
 class RewardPost:
-    """One reward to store: the value posted for an event."""
+    """One reward to store: the value posted for an event. `keep_first`: a different value
+    for an event already rewarded is ignored (counted as a repeat) rather than refused."""
 
     event_id: str
     value: float
+    keep_first: bool = False
 
 
 @dataclass(frozen=True)
 class RewardOutcome:
     """What /reward reports: the stored value, whether this post was a repeat, and
-    whether the stored reward is late (never trained on); and the decision it joins."""
+    whether the stored reward is late (never trained on); and the decision it joins.
+    `ignored`: a repeat whose different value was not used (`RewardPost.keep_first`)."""
 
     event_id: str
     value: float
     duplicate: bool
     late: bool
     decision: DecisionRow | None = None
+    ignored: bool = False
 
 
 Stored = RewardOutcome | NotFound | Conflict  # a post's outcome, or its own error
@@ -48,7 +52,8 @@ def attach_rewards(
     in this order; durable once this returns.
 
     The first value wins: a repeat with the same value is counted as a duplicate (never
-    a second reward); a repeat with a different value gets `Conflict`. A first reward
+    a second reward); a repeat with a different value gets `Conflict`, or, for a post that
+    `keep_first`, is counted as an ignored duplicate (the row's `repeats`). A first reward
     is stored `late` when its decision was already consumed by a checkpoint, or when
     more than `window_seconds` (> 0) have passed since the decision: the trainer never
     trains on it. (With a window of 0 the trainer takes a decision at its next run, and
@@ -119,14 +124,18 @@ def _attach(session: Session, posts: Sequence[RewardPost], window_seconds: float
 
 
 def _repeat(stored: RewardRow, post: RewardPost, repeats: Counter[str]) -> Stored:
-    """A post for an event whose reward is stored: a duplicate, or a `Conflict`."""
-    if stored.value != post.value:
+    """A post for an event whose reward is stored: a duplicate (its value ignored if it
+    differs and the post `keep_first`), or a `Conflict`."""
+    differs = stored.value != post.value
+    if differs and not post.keep_first:
         return Conflict(
             f"event {post.event_id!r} already has reward {stored.value}; the first value wins",
             field="value",
         )
     repeats[post.event_id] += 1
-    return RewardOutcome(post.event_id, stored.value, duplicate=True, late=stored.late)
+    return RewardOutcome(
+        post.event_id, stored.value, duplicate=True, late=stored.late, ignored=differs
+    )
 
 
 def count_rewards(sessions: SessionFactory) -> int:

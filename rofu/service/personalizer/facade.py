@@ -225,10 +225,11 @@ async def reward(
     metrics: ServiceMetrics,
 ) -> RewardOutcome:
     """Personalizer's Reward, stored by `rofu.service.rewards.record.record_reward` like
-    /v1/reward."""
+    /v1/reward, except that another value for a rewarded event is accepted and ignored (the
+    first value is kept; the repeat is counted), as Personalizer took every reward post."""
     _check_event_id(event_id)
     try:
-        return await record_reward(event_id, value, settings, rewards, metrics)
+        return await record_reward(event_id, value, settings, rewards, metrics, keep_first=True)
     except ServiceError as exc:
         raise _renamed(exc) from exc
 

@@ -3,7 +3,10 @@ stores a reward, such as the Personalizer-compatible one), and the micro-batch h
 that stores them.
 
 The first value wins: a repeat with the same value is a duplicate (never counted twice), a
-different value is a 409. A reward after its decision's window closed, or after a
+different value is a 409, or, for a caller that keeps the first value (the
+Personalizer-compatible facade, as Personalizer takes every reward post), an ignored
+duplicate: counted in the row's `repeats` and as `rofu_rewards_total{outcome="ignored"}`,
+its value never used. A reward after its decision's window closed, or after a
 checkpoint consumed the decision, is stored flagged `late` and never trained on.
 Concurrent rewards are stored together, one transaction per micro-batch: a batch takes
 the rewards that queued while the one before it was written (no wait when idle).
@@ -54,14 +57,17 @@ async def record_reward(
     settings: Settings,
     rewards: RewardBatcher,
     metrics: ServiceMetrics,
+    *,
+    keep_first: bool = False,
 ) -> RewardOutcome:
     """Store the reward of `event_id`'s decision; durable once this returns. Counts it in
     `rofu_rewards_total` by outcome, and a reward stored now in the business metrics.
+    `keep_first`: another value for a rewarded event is ignored, not a `Conflict`.
 
     Raises:
         InvalidInput: `value` beyond `ROFU_MAX_ABS_REWARD` (field `value`).
         NotFound: no decision has this event id.
-        Conflict: the event already has a different reward.
+        Conflict: the event already has a different reward (unless `keep_first`).
         Unavailable: the database did not answer within the request deadline.
     """
     counter = metrics.rewards
@@ -71,7 +77,7 @@ async def record_reward(
             f"value: {value} is beyond the bound +-{limit:g} (ROFU_MAX_ABS_REWARD)",
             field="value",
         )
-    post = RewardPost(event_id, value)
+    post = RewardPost(event_id, value, keep_first)
     outcome = await within(settings.request_deadline_seconds, rewards.submit(post))
     if isinstance(outcome, NotFound | Conflict):
         counter.labels("unknown_event" if isinstance(outcome, NotFound) else "conflict").inc()
@@ -84,7 +90,10 @@ async def record_reward(
 
 
 def _outcome(outcome: RewardOutcome) -> str:
-    """The metric's outcome: a repeat is a duplicate, late or not."""
+    """The metric's outcome: a repeat is a duplicate, late or not, or ignored if its value
+    differed."""
+    if outcome.ignored:
+        return "ignored"
     if outcome.duplicate:
         return "duplicate"
     return "late" if outcome.late else "accepted"

@@ -60,7 +60,8 @@ async def reward(
     rewards: RewardBatcherDep,
     metrics: MetricsDep,
 ) -> Response:
-    """Report the reward of a ranked event (as /v1/reward: the first value wins)."""
+    """Report the reward of a ranked event (as /v1/reward: the first value wins; a repeat,
+    with any value, is a 204)."""
     await personalizer.reward(event_id, body.value, settings, rewards, metrics)
     return Response(status_code=204)
 
