@@ -85,6 +85,20 @@ def assert_like_the_reference(body: dict[str, Any], request: dict[str, Any]) -> 
         assert body["eventId"] == request["eventId"]
 
 
+# Personalizer's error code for each status the facade answers with: its own codes, and
+# "401", which Azure's gateway answered for a missing or wrong key.
+CODES = {
+    400: "BadRequest",
+    401: "401",
+    404: "ResourceNotFound",
+    405: "BadRequest",
+    409: "InvalidRankRequest",
+    413: "PayloadSizeExceeded",
+    415: "BadRequest",
+    503: "InternalServerError",
+}
+
+
 def assert_error(response: httpx.Response, status: int, target: str | None) -> dict[str, Any]:
     """A Personalizer ErrorResponse with `status`, naming `target` (in its message too)."""
     assert response.status_code == status, response.text
@@ -101,8 +115,7 @@ def assert_error(response: httpx.Response, status: int, target: str | None) -> d
             "innerError",
         }
     )
-    expected = "ResourceNotFound" if status == 404 else "BadRequest"
-    assert error["code"] == ("InternalServerError" if status >= 500 else expected)
+    assert error["code"] == CODES[status], error
     assert isinstance(error["message"], str)
     assert error["message"]
     assert set(error["innerError"]) == {"code"}

@@ -10,7 +10,7 @@ class RofuError(Exception):
 
     Attributes:
         status: the HTTP status (0: the service could not be reached).
-        code: the service's error code (`invalid_request`, `unavailable`, ...).
+        code: the service's error code (`invalid_input`, `unavailable`, ...).
         message: the service's message.
         field: the request field the error names, if any (`context.user.age`).
     """

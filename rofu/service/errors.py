@@ -1,15 +1,18 @@
 """The service's error hierarchy, and the one shape of every error body.
 
 ServiceError (500)
-├── InvalidInput (422)      bad field values the schema cannot see (e.g. context length)
-├── NotFound (404)          unknown event or arm
-├── Conflict (409)          a repeated key with different content, a full catalogue
-├── PayloadTooLarge (413)   body over max_body_bytes
-├── Unauthorized (401)      missing or wrong API key; carries WWW-Authenticate
-├── Forbidden (403)         a valid key without the needed role
-└── Unavailable (503)       a dependency (database) is down, full, read-only or timed
-    │                       out; carries Retry-After and, from the database, its cause
-    └── BatcherClosed       the process is shutting down and takes no more decisions
+├── InvalidInput (422)          bad input: a field the schema refuses (`invalid_input` for
+│                               the request validation's errors too), a value it cannot
+│                               see (e.g. context length), a body that is not valid JSON
+├── NotFound (404)              unknown event or arm
+├── Conflict (409)              a repeated key with different content, a full catalogue
+├── PayloadTooLarge (413)       body over max_body_bytes
+├── UnsupportedMediaType (415)  a body not sent as application/json
+├── Unauthorized (401)          missing or wrong API key; carries WWW-Authenticate
+├── Forbidden (403)             a valid key without the needed role
+└── Unavailable (503)           a dependency (database) is down, full, read-only or timed
+    │                           out; carries Retry-After and, from the database, its cause
+    └── BatcherClosed           the process is shutting down and takes no more decisions
 
 `ServiceError.response()` is the HTTP answer: `rofu.service.api.app` returns it from one exception
 handler, and the body-limit middleware (which runs before the app) sends it itself.
@@ -55,7 +58,8 @@ class ServiceError(Exception):
 
 
 class InvalidInput(ServiceError):
-    """A request the schema accepted but the service cannot (422)."""
+    """Bad input (422): what the request schema refuses, or what it accepted but the service
+    cannot take."""
 
     status_code = 422
     code = "invalid_input"
@@ -80,6 +84,13 @@ class PayloadTooLarge(ServiceError):
 
     status_code = 413
     code = "payload_too_large"
+
+
+class UnsupportedMediaType(ServiceError):
+    """A body whose content-type is not JSON, to an endpoint that reads JSON (415)."""
+
+    status_code = 415
+    code = "unsupported_media_type"
 
 
 class Unauthorized(ServiceError):

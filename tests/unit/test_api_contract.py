@@ -74,7 +74,10 @@ async def test_personalizer_paths_declare_personalizers_key_header_and_error_sha
     error = schema["components"]["schemas"]["PersonalizerError"]
     assert error["properties"]["code"]["enum"] == [
         "BadRequest",
+        "401",
         "ResourceNotFound",
+        "InvalidRankRequest",
+        "PayloadSizeExceeded",
         "InternalServerError",
     ]
     rank = schema["components"]["schemas"]["RankRequest"]

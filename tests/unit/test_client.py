@@ -52,7 +52,7 @@ class Script:
             return httpx.Response(200, json=body)
         error = {"error": {"code": "unavailable", "message": "busy", "field": None}}
         if status == 422:
-            error = {"error": {"code": "invalid_request", "message": "bad", "field": "context"}}
+            error = {"error": {"code": "invalid_input", "message": "bad", "field": "context"}}
         return httpx.Response(status, json=error, headers=headers)
 
 

@@ -8,7 +8,7 @@ import copy
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 import pytest
@@ -19,7 +19,7 @@ from rofu.client.schemas import ArmProbability, SelectResponse
 from rofu.service.errors import Conflict, InvalidInput
 from rofu.service.personalizer.facade import Fields, ranking, translate
 from rofu.service.personalizer.features import merge
-from rofu.service.personalizer.schemas import RankRequest
+from rofu.service.personalizer.schemas import ErrorCode, RankRequest, error_code
 from rofu.service.settings import Settings
 from tests.personalizer import ARMS, EVENT_ID, PREFIX, RANK, assert_error, with_arms
 from tests.support import app_client
@@ -154,7 +154,7 @@ async def test_personalizer_rank_refuses_a_retired_arm(service: Service) -> None
         (f"events/{EVENT_ID}/reward", {"value": 2e6}, 400, "value", "ROFU_MAX_ABS_REWARD"),
         (f"events/{EVENT_ID}/reward", {}, 400, "value", "Field required"),
         (f"events/{EVENT_ID}/reward", {"value": 1, "x": 2}, 400, "x", "Extra inputs"),
-        (f"events/{EVENT_ID}/reward", None, 400, "content-type", "application/json"),
+        (f"events/{EVENT_ID}/reward", None, 400, "body", "content-type application/json"),
         ("configurations/service", None, 404, None, "no configuration, evaluation"),
         ("ranks", RANK, 404, None, "is not served"),
     ],
@@ -171,6 +171,18 @@ async def test_personalizer_event_errors_have_personalizers_shape(
 
 
 @pytest.mark.anyio
+async def test_personalizer_reward_not_sent_as_json_is_a_415(service: Service) -> None:
+    client, app = service
+    assert (await client.post(f"{PREFIX}/rank", json=RANK)).status_code == 201
+    response = await client.post(
+        f"{PREFIX}/events/{EVENT_ID}/reward", content=b"1", headers={"content-type": "text/plain"}
+    )
+    error = assert_error(response, 415, "content-type")
+    assert "must be application/json (got 'text/plain')" in error["message"]
+    assert _count(app, "rewards") == 0
+
+
+@pytest.mark.anyio
 async def test_personalizer_transport_errors_have_personalizers_shape(
     settings: Settings,
 ) -> None:
@@ -179,6 +191,10 @@ async def test_personalizer_transport_errors_have_personalizers_shape(
             f"{PREFIX}/rank", json=_edited(contextFeatures=[{"x": "y" * 300}])
         )
         untyped = await client.post(f"{PREFIX}/rank", content=b'{"actions": []}')
+        text_body = await client.post(
+            f"{PREFIX}/rank", content=b'{"actions": []}', headers={"content-type": "text/plain"}
+        )
+        form = await client.post(f"{PREFIX}/rank", data={"eventId": EVENT_ID})
         broken = await client.post(
             f"{PREFIX}/rank", content=b'{"actions": [', headers={"content-type": "application/json"}
         )
@@ -186,7 +202,14 @@ async def test_personalizer_transport_errors_have_personalizers_shape(
         v1 = await client.post("/v1/select", json={"context": {}, "stray": 1})
         assert _count(app, "decisions") == 0
     assert "exceeds 256 bytes" in assert_error(large, 413, None)["message"]
-    assert "content-type" in assert_error(untyped, 400, "content-type")["message"]
+    for refused, got in (
+        (untyped, "none"),
+        (text_body, "'text/plain'"),
+        (form, "'application/x-www-form-urlencoded'"),
+    ):
+        error = assert_error(refused, 415, "content-type")
+        assert error["message"] == f"body: the content-type must be application/json (got {got})"
+        assert error["innerError"] == {"code": "unsupported_media_type"}
     assert "not valid JSON" in assert_error(broken, 400, "body")["message"]
     assert_error(method, 405, None)
     assert method.headers["allow"] == "POST"
@@ -284,3 +307,9 @@ def test_personalizer_ranking_puts_the_chosen_first_then_by_probability() -> Non
     legacy = decision.model_copy(update={"probabilities": None})
     with pytest.raises(Conflict, match="before rofu stored"):
         ranking(body, legacy)
+
+
+def test_personalizer_error_codes_are_those_the_schema_declares() -> None:
+    assert {error_code(status) for status in (400, 401, 404, 405, 409, 413, 415, 422)} | {
+        error_code(503)
+    } == set(get_args(ErrorCode))

@@ -672,15 +672,18 @@ async def test_model_checkpoints_are_paged_with_a_next_link(sqlite_settings) -> 
 
 
 @pytest.mark.anyio
-async def test_a_body_not_sent_as_json_is_refused_naming_the_content_type(
+async def test_a_body_not_sent_as_json_is_a_415_naming_the_content_type(
     service: Service,
 ) -> None:
     client, app = service
     body = b'{"context": [0.1, 0.2, 0.3, 0.4]}'
     for headers, got in (({"content-type": "text/plain"}, "'text/plain'"), ({}, "none")):
         refused = await client.post("/v1/select", content=body, headers=headers)
-        error = _error(refused, 422, "content-type")
+        error = _error(refused, 415, "content-type")
+        assert error["code"] == "unsupported_media_type"
         assert error["message"] == (f"body: the content-type must be application/json (got {got})")
+    missing = await client.post("/v1/select")  # no body at all: the body is missing
+    assert _error(missing, 422, "body")["code"] == "invalid_input"
     accepted = await client.post(
         "/v1/select", content=body, headers={"content-type": "application/json"}
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.resources
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -32,7 +32,13 @@ from rofu.service.api.routes import (
     select,
 )
 from rofu.service.db.faults import DatabaseFaults, as_unavailable, is_outage
-from rofu.service.errors import ServiceError, Unavailable, error_response
+from rofu.service.errors import (
+    InvalidInput,
+    ServiceError,
+    Unavailable,
+    UnsupportedMediaType,
+    error_response,
+)
 from rofu.service.personalizer.schemas import is_facade, reshape
 from rofu.service.runtime import Runtime
 from rofu.service.settings import Settings, get_settings
@@ -142,24 +148,47 @@ def _allowed_methods(request: Request) -> str | None:
     return None
 
 
+JSON = "application/json"
+
+
+def _is_json(content_type: str) -> bool:
+    """Whether a content-type is one FastAPI reads as JSON (`application/json`, `+json`)."""
+    media = content_type.partition(";")[0].strip().lower()
+    return media == JSON or (media.startswith("application/") and media.endswith("+json"))
+
+
 def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-    """A 422 naming the first invalid field (or the content-type, or the JSON error)."""
+    """The request validation's error: a 415 for a body not sent as JSON, else a 422
+    (`InvalidInput`) naming the first invalid field, a missing body or the JSON error."""
     errors = exc.errors()
     first: dict[str, Any] = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
-    content_type = request.headers.get("content-type", "")
-    if tuple(first.get("loc", ())) == ("body",) and "json" not in content_type.lower():
-        # FastAPI reads a body that is not declared JSON as nothing at all
-        got = f"{content_type!r}" if content_type else "none"
-        message = f"body: the content-type must be application/json (got {got})"
-        return error_response(422, "invalid_request", message, "content-type")
+    body = _body_error(errors, request.headers.get("content-type", ""))
+    if body is not None:
+        return body.response()
     if first.get("type") == "json_invalid":  # loc is ("body", character offset)
         offset = first["loc"][-1]
         reason = first.get("ctx", {}).get("error", "JSON decode error")
         message = f"body: not valid JSON at character {offset} ({reason})"
-        return error_response(422, "invalid_request", message, "body")
+        return InvalidInput(message, field="body").response()
     location = [str(part) for part in first.get("loc", ()) if part != "body"]
     field = ".".join(location) or "body"
-    return error_response(422, "invalid_request", f"{field}: {first.get('msg')}", field)
+    return InvalidInput(f"{field}: {first.get('msg')}", field=field).response()
+
+
+def _body_error(errors: Sequence[Any], content_type: str) -> ServiceError | None:
+    """The error of a body missing, or not sent as JSON (FastAPI then hands the model its
+    raw bytes, which fail as a whole); None when the body itself was read."""
+    whole = next((e for e in errors if tuple(e.get("loc", ())) == ("body",)), None)
+    if whole is None:
+        return None
+    if whole.get("type") == "missing":
+        message = f"body: required: send a JSON object with content-type {JSON}"
+        return InvalidInput(message, field="body")
+    if _is_json(content_type):
+        return None  # JSON, but not an object: the field's own error
+    got = repr(content_type) if content_type else "none"
+    message = f"body: the content-type must be {JSON} (got {got})"
+    return UnsupportedMediaType(message, field="content-type")
 
 
 def _install_error_handlers(app: FastAPI, faults: DatabaseFaults) -> None:

@@ -9,12 +9,11 @@ must be JSON ones, and a field the v1.0 schema does not define is refused (400 n
 
 Every error of the facade's paths, rofu's own included (a missing key, a body too large,
 an unknown path, a database outage), is reshaped by `reshape` into Personalizer's
-`{"error": {"code", "message", "target", "innerError": {"code"}}}`: `code` is one of the
-reference's three (`ResourceNotFound` for a 404, `InternalServerError` for a 5xx,
-`BadRequest` otherwise), `target` the offending field, `innerError.code` rofu's own code
-(`unauthorized`, `conflict`, `unavailable`, ...). The status is rofu's, except that a 422
-is a 400, as Personalizer answers; headers (`Retry-After`, `WWW-Authenticate`, `Allow`)
-are kept.
+`{"error": {"code", "message", "target", "innerError": {"code"}}}`: `code` is the one
+Personalizer answered with (`error_code`), `target` the offending field, `innerError.code`
+rofu's own code (`unauthorized`, `conflict`, `unavailable`, ...). The status is rofu's,
+except that a 422 is a 400, as Personalizer answers; headers (`Retry-After`,
+`WWW-Authenticate`, `Allow`) are kept.
 """
 
 from __future__ import annotations
@@ -165,10 +164,29 @@ class InternalError(BaseModel):
     code: str
 
 
+#: Personalizer's codes by status (Personalizer's own error codes, and "401", which Azure's
+#: gateway in front of it answered for a missing or wrong key); a 409 is Rank's (an eventId
+#: reused for another request), other 4xx are BadRequest and 5xx InternalServerError.
+STATUS_CODES = {
+    401: "401",
+    404: "ResourceNotFound",
+    409: "InvalidRankRequest",
+    413: "PayloadSizeExceeded",
+}
+ErrorCode = Literal[
+    "BadRequest",
+    "401",
+    "ResourceNotFound",
+    "InvalidRankRequest",
+    "PayloadSizeExceeded",
+    "InternalServerError",
+]
+
+
 class PersonalizerError(BaseModel):
     """Personalizer's error object."""
 
-    code: Literal["BadRequest", "ResourceNotFound", "InternalServerError"]
+    code: ErrorCode
     message: str
     target: str | None = Field(default=None, description="The offending field")
     inner_error: InternalError | None = Field(default=None, alias="innerError")
@@ -189,10 +207,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 def error_code(status: int) -> str:
-    """Personalizer's code for an HTTP status."""
-    if status == 404:
-        return "ResourceNotFound"
-    return "InternalServerError" if status >= 500 else "BadRequest"
+    """Personalizer's code for an HTTP status (`STATUS_CODES`)."""
+    return STATUS_CODES.get(status) or ("InternalServerError" if status >= 500 else "BadRequest")
 
 
 def reshape(response: Response, path: str = "") -> JSONResponse:

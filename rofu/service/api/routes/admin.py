@@ -45,7 +45,7 @@ async def get_pin(follower: FollowerDep) -> PinResponse:
     return await _state(follower)
 
 
-@router.put("/pin", response_model=PinResponse, responses=error_responses(400, 404, 409, 422))
+@router.put("/pin", response_model=PinResponse, responses=error_responses(400, 404, 409, 415, 422))
 async def put_pin(body: PinRequest, follower: FollowerDep) -> PinResponse:
     """Roll back: serve this stored checkpoint on every replica until unpinned."""
     await run_in_threadpool(follower.pin, body.version)

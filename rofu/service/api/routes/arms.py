@@ -52,7 +52,7 @@ async def list_arms(sessions: SessionsDep) -> list[ArmResponse]:
     "",
     response_model=ArmResponse,
     status_code=201,
-    responses={**ERRORS, **error_responses(400)},  # 400: a body that is not UTF-8
+    responses={**ERRORS, **error_responses(400, 415)},  # a body not UTF-8, not JSON
     dependencies=[AdminAuth],
 )
 async def add_arm(

@@ -11,7 +11,7 @@ from rofu.service.api.schemas import error_responses
 from rofu.service.rewards.record import record_reward
 
 router = APIRouter(prefix=API_PREFIX, tags=["decisions"], dependencies=[ClientAuth])
-ERRORS = error_responses(400, 401, 403, 404, 409, 413, 422, 503)
+ERRORS = error_responses(400, 401, 403, 404, 409, 413, 415, 422, 503)
 
 
 @router.post("/reward", response_model=RewardResponse, responses=ERRORS)

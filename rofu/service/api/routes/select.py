@@ -11,7 +11,7 @@ from rofu.service.api.schemas import SelectRequest, error_responses
 from rofu.service.deciding.select import decide
 
 router = APIRouter(prefix=API_PREFIX, tags=["decisions"], dependencies=[ClientAuth])
-ERRORS = error_responses(400, 401, 403, 409, 413, 422, 503)
+ERRORS = error_responses(400, 401, 403, 409, 413, 415, 422, 503)
 
 
 @router.post("/select", response_model=SelectResponse, responses=ERRORS)
