@@ -66,6 +66,21 @@ async def test_dsjson_marks_an_unactivated_decision_skip_learn_and_vw_skips_it(
 
 
 @pytest.mark.anyio
+async def test_dsjson_action_taken_says_whether_a_deferred_decision_was_activated(
+    logged: Settings, tmp_path: Path
+) -> None:
+    path = tmp_path / "log.dsjson"
+    assert export(logged, "dsjson", Window(), path) == 3
+    events = {e["EventId"]: e for e in map(json.loads, path.read_text().splitlines())}
+    outcomes = {event_id: events[event_id]["o"] for event_id in EVENTS}
+    assert outcomes == {
+        "plain": [{"v": 1.0, "EventId": "plain", "ActionTaken": False}],  # needs none
+        "shown": [{"v": 1.0, "EventId": "shown", "ActionTaken": True}],
+        "hidden": [{"v": 1.0, "EventId": "hidden", "ActionTaken": False}],
+    }
+
+
+@pytest.mark.anyio
 async def test_obp_rounds_leave_out_the_unactivated_decision(
     logged: Settings, tmp_path: Path
 ) -> None:

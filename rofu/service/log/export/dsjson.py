@@ -1,20 +1,23 @@
-"""Vowpal Wabbit's decision-service JSON (DSJSON): one event per line, as `vw --dsjson` reads.
+"""Vowpal Wabbit's decision-service JSON (DSJSON): one event per line, as `vw --dsjson`
+reads.
 
 Per event: `c` holds the context (namespace `x`, features `"0"`, `"1"`, ...) and, in
-`_multi`, one object per candidate in the logged order (namespace `arm` with the arm's id,
-and `z` with the features it was scored with: the request's own when it sent them, else
-the catalogue's). `a` lists the candidates' 1-based
-positions with the chosen one first, and `p` their probabilities in that order (left out
-when only the chosen arm's is known). A rewarded event carries VW's label:
-`_label_cost` = -reward (VW minimises cost), `_label_probability` = the propensity,
-`_label_Action` and `_labelIndex` (1- and 0-based positions of the chosen arm in
-`_multi`), and the outcome in `o`. An event without a reward has no label, so VW only
-predicts on it. A deferred decision not activated in time carries `"_skipLearn": true`,
-as Personalizer's logs do: VW's reader skips the event, so VW never learns from it (and
-rofu never trains on or evaluates it). VW ignores the `rofu` object, which keeps every
-other field of the decision's record (`rofu.client.schemas.DecisionRecord`): the policy,
-the per-arm scores, the late flag, the activation, apprentice mode's baseline and rofu's
-choice, the named context as sent (`c` holds its hashed vector, what the model read).
+`_multi`, one object per candidate in the logged order (namespace `arm` with the arm's
+id, and `z` with the features it was scored with: the request's own when it sent them,
+else the catalogue's). `a` lists the candidates' 1-based positions with the chosen one
+first, and `p` their probabilities in that order (left out when only the chosen arm's is
+known). A rewarded event carries VW's label: `_label_cost` = -reward (VW minimises cost),
+`_label_probability` = the propensity, `_label_Action` and `_labelIndex` (1- and 0-based
+positions of the chosen arm in `_multi`), and the outcome in `o`, whose `ActionTaken`
+says, as in Personalizer's logs, whether a deferred decision was activated (false for one
+never activated, and for a decision not deferred, which needs no activation). An event
+without a reward has no label, so VW only predicts on it. A deferred decision not
+activated in time carries `"_skipLearn": true`, as Personalizer's logs do: VW's reader
+skips the event, so VW never learns from it (and rofu never trains on or evaluates it).
+VW ignores the `rofu` object, which keeps every other field of the decision's record
+(`rofu.client.schemas.DecisionRecord`): the policy, the per-arm scores, the late flag,
+the activation, apprentice mode's baseline and rofu's choice, the named context as sent
+(`c` holds its hashed vector, what the model read).
 """
 
 from __future__ import annotations
@@ -42,13 +45,14 @@ def dsjson_event(
     chosen = record.chosen_index
     order = [chosen] + [i for i in range(len(record.candidates)) if i != chosen]
     event: dict[str, Any] = {}
+    taken = record.deferred and record.activated_at is not None
     if record.reward is not None:
         event |= {
             "_label_cost": -record.reward,
             "_label_probability": record.propensity,
             "_label_Action": chosen + 1,
             "_labelIndex": chosen,
-            "o": [{"v": record.reward, "EventId": record.event_id, "ActionTaken": False}],
+            "o": [{"v": record.reward, "EventId": record.event_id, "ActionTaken": taken}],
         }
     if not record.active:
         event["_skipLearn"] = True
