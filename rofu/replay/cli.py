@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             progress=not args.no_progress,
             files=() if file is None else (file,),
         )
-    from rofu.replay.reports.report import write_report
+    from rofu.replay.reports.report import report_title, write_report
     from rofu.replay.runs import Selection
 
     # The report holds only the runs of the seeds, data sets and policies the command names,
@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{list(seeds)}; regenerate with `{command}`." + _learner_lines(protocol, datasets)
     )
     try:
-        print(write_report(out, f"Replay report: {protocol.name}", preamble, rounds, only))
+        title = report_title(protocol.name, args.dataset_file)
+        print(write_report(out, title, preamble, rounds, only))
     except FileNotFoundError as exc:  # --report-only where nothing has run
         parser.error(f"{exc} for T = {rounds}")
     except ValueError as exc:  # a corrupt summary, or full run files to convert first

@@ -46,8 +46,13 @@ def test_replay_runs_a_csv_file_end_to_end(tmp_path: Path) -> None:
     assert cells["file:toy"]["LinUCB"]["mean"] < cells["file:toy"]["Uniform"]["mean"] / 3
     assert (out / "runs" / "file:toy" / "LinUCB" / "seed0-T300.json").is_file()
     readme = (out / "README.md").read_text()
+    assert readme.startswith("# Replay report: toy.csv\n")  # the file, not the protocol
+    assert json.loads((out / "results.json").read_text())["title"] == "Replay report: toy.csv"
     assert "`rofu replay --dataset-file" in readme
     assert "| file:toy |" in readme
+    rebuilt = main([*argv, "--report-only"])  # every run done: the same title
+    assert rebuilt == 0
+    assert (out / "README.md").read_text().startswith("# Replay report: toy.csv\n")
 
 
 def test_replay_runs_a_file_beside_registered_data_sets_under_its_own_name(

@@ -25,6 +25,12 @@ from rofu.replay.runs import EVERY_RUN, Selection, collect
 NOTES = "NOTES.md"
 
 
+def report_title(protocol: str, data_file: Path | None = None) -> str:
+    """A report's title: the data set file's name when one ran (`--dataset-file`), else
+    the protocol's."""
+    return f"Replay report: {protocol if data_file is None else data_file.name}"
+
+
 def write_report(
     out: Path,
     title: str,
