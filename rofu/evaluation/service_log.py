@@ -2,27 +2,34 @@
 
 `read_service_log` reads the rewarded decisions through the export reader
 (`rofu.service.log.pages`), leaving out deferred decisions not activated in time (their
-choice may not have been shown, so they say nothing of any policy's value);
-`checkpoint_scores` scores the logged contexts with a stored checkpoint exactly as the
-service would have: the same network, ROFU settings, clamping and per-version generator.
+choice may not have been shown, so they say nothing of any policy's value), with when
+each was made and which checkpoint's training consumed it (`rofu.evaluation.fresh`
+tells from these which rows a checkpoint has not seen); `checkpoint_scores` scores the
+logged contexts with a stored checkpoint exactly as the service would have: the same
+network, ROFU configuration, clamping and per-version generator.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import numpy as np
 import torch
+from sqlalchemy import select
 
 from rofu.client.schemas import DecisionRecord
+from rofu.models import RofuConfig
 from rofu.models.checkpoint import CheckpointError
 from rofu.models.prepared import score
 from rofu.service.db.engine import SessionFactory
+from rofu.service.db.repository import database_errors
+from rofu.service.db.tables import DecisionRow
 from rofu.service.deciding.apprentice import APPRENTICE
 from rofu.service.deciding.catalogue import Catalogue, CatalogueCache
 from rofu.service.deciding.scoring import checkpoint_generator, prepare_served
-from rofu.service.deciding.snapshot import Snapshot
+from rofu.service.deciding.snapshot import Snapshot, load_served
 from rofu.service.lifecycle.checkpoint_store import CheckpointStore
 from rofu.service.log.pages import EVERYTHING, Window, iter_decisions
 from rofu.service.log.record import rule_probabilities
@@ -56,7 +63,10 @@ class ServiceLog:
             not logged).
         unactivated: deferred decisions left out for want of an activation in time.
         arm_features: per row, the request's own arm features (arm id -> features) that
-            replaced the catalogue's, or None (an arm-feature network's scoring reads them).
+            replaced the catalogue's, or None (an arm-feature network's scoring reads
+            them); () when no row sent any.
+        decided_at: (N,) datetime64[us], when each decision was made (UTC).
+        trained_in: (N,) the version whose training consumed the decision, -1 for none.
     """
 
     contexts: np.ndarray
@@ -72,6 +82,8 @@ class ServiceLog:
     baselines: np.ndarray
     served_baseline: np.ndarray
     rule: np.ndarray
+    decided_at: np.ndarray
+    trained_in: np.ndarray
     unactivated: int = 0
     arm_features: tuple[dict[str, list[float]] | None, ...] = ()
 
@@ -84,20 +96,24 @@ class ServiceLog:
         return int(self.candidates.shape[1])
 
     def subset(self, rows: np.ndarray) -> ServiceLog:
-        """The log of the rows a (N,) bool mask keeps."""
+        """The log of the rows a (N,) bool mask (or an index array) keeps."""
         arrays = {
             field.name: getattr(self, field.name)[rows]
             for field in dataclasses.fields(self)
             if isinstance(getattr(self, field.name), np.ndarray)
         }
-        return dataclasses.replace(self, **arrays)
+        own = self.arm_features
+        if own:
+            own = tuple(own[i] for i in np.arange(len(self))[rows])
+        return dataclasses.replace(self, **arrays, arm_features=own)
 
 
 def read_service_log(
     sessions: SessionFactory, window: Window = EVERYTHING, default_reward: float | None = None
 ) -> ServiceLog:
     """The window's active decisions that have a reward (all of them with
-    `default_reward`); deferred decisions not activated in time are left out.
+    `default_reward`), with the checkpoint that consumed each; deferred decisions not
+    activated in time are left out.
 
     Raises:
         EvaluationError: no decision has a reward, or the context length changes.
@@ -122,7 +138,28 @@ def read_service_log(
         )
     if len({len(record.context) for record, _ in rows}) > 1:
         raise EvaluationError("the context length changes within the window (--since/--until)")
-    return _arrays(rows, catalogue, slots, (unrewarded, unactivated))
+    consumed = _consumed(sessions, window)
+    return _arrays(rows, catalogue, slots, (unrewarded, unactivated), consumed)
+
+
+def _consumed(sessions: SessionFactory, window: Window) -> dict[str, int]:
+    """event id -> the version whose training consumed it, for the window's consumed
+    decisions (the log's records leave this bookkeeping column out)."""
+    query = select(DecisionRow.event_id, DecisionRow.trained_in).where(
+        DecisionRow.trained_in.is_not(None)
+    )
+    if window.since is not None:
+        query = query.where(DecisionRow.created_at >= window.since)
+    if window.until is not None:
+        query = query.where(DecisionRow.created_at < window.until)
+    with database_errors(), sessions() as session, session.begin():
+        return {
+            event_id: version for event_id, version in session.execute(query) if version is not None
+        }
+
+
+def _utc_naive(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(tzinfo=None)
 
 
 def _arrays(
@@ -130,6 +167,7 @@ def _arrays(
     catalogue: Catalogue,
     slots: dict[str, int],
     left_out: tuple[int, int],  # (unrewarded, unactivated)
+    consumed: dict[str, int],  # event id -> trained_in
 ) -> ServiceLog:
     n, width = len(rows), catalogue.n_slots
     candidates = np.zeros((n, width), dtype=bool)
@@ -160,8 +198,16 @@ def _arrays(
         ),
         served_baseline=np.array([r.policy == APPRENTICE for r in records], dtype=bool),
         rule=rule,
-        arm_features=tuple(r.arm_features for r in records),
+        decided_at=np.array([_utc_naive(r.created_at) for r in records], dtype="datetime64[us]"),
+        trained_in=np.array([consumed.get(r.event_id, -1) for r in records], dtype=np.int64),
+        arm_features=_own_arm_features(records),
     )
+
+
+def _own_arm_features(records: list[DecisionRecord]) -> tuple[dict[str, list[float]] | None, ...]:
+    """Each row's own arm features; () when no row sent any (nothing to carry along)."""
+    own = tuple(r.arm_features for r in records)
+    return own if any(own) else ()
 
 
 @dataclass(frozen=True)
@@ -174,6 +220,43 @@ class CheckpointScores:
     bonus: np.ndarray
 
 
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    """A stored checkpoint made ready to score, with what its row and blob record."""
+
+    snapshot: Snapshot
+    created_at: datetime  # when it was stored (UTC): decisions after it may be fresh
+    extra: dict[str, str]  # the trainer's record (`Checkpoint.extra`): its configuration, ...
+
+    @property
+    def version(self) -> int:
+        """The checkpoint's version."""
+        return self.snapshot.version
+
+
+def load_stored(
+    settings: Settings, sessions: SessionFactory, version: int | None = None
+) -> StoredCheckpoint:
+    """A stored checkpoint (None: the newest valid one), verified as a replica verifies it.
+
+    Raises:
+        EvaluationError: no such checkpoint, or it does not fit the settings' network.
+    """
+    name = "the newest checkpoint" if version is None else f"checkpoint {version}"
+    store = CheckpointStore(sessions, settings.checkpoint_dir)
+    try:
+        found = store.latest() if version is None else store.get(version)
+        if found is not None:
+            row, blob = found
+            net, seed = settings.served_net_configs(), settings.feature_hash_seed
+            extra = load_served(blob, net, hash_seed=seed).extra
+            snapshot = Snapshot.from_blob(blob, net, torch.device("cpu"), hash_seed=seed)
+            return StoredCheckpoint(snapshot, row.created_at, extra)
+    except CheckpointError as exc:  # damaged, unreadable, or another network's
+        raise EvaluationError(f"{name}: {exc}") from exc
+    raise EvaluationError(f"{name} is not stored")
+
+
 def checkpoint_scores(
     settings: Settings,
     sessions: SessionFactory,
@@ -182,19 +265,32 @@ def checkpoint_scores(
     *,
     chunk: int = 256,
 ) -> CheckpointScores:
-    """Score the log's contexts and candidates with a stored checkpoint (None: the newest).
+    """Score the log's contexts and candidates with a stored checkpoint (None: the newest)
+    under the settings' ROFU configuration.
 
     Raises:
         EvaluationError: no such checkpoint, or it does not fit the settings' network.
     """
-    snapshot = _snapshot(settings, sessions, version)
+    stored = load_stored(settings, sessions, version)
+    return score_checkpoint(settings, stored, log, settings.rofu_config(), chunk=chunk)
+
+
+def score_checkpoint(
+    settings: Settings,
+    stored: StoredCheckpoint,
+    log: ServiceLog,
+    config: RofuConfig,
+    *,
+    chunk: int = 256,
+) -> CheckpointScores:
+    """Score the log's contexts and candidates with a loaded checkpoint under `config`
+    (its estimator, bonus scale, ...), as the service scores them."""
+    snapshot = stored.snapshot
     features = None
     if settings.arm_feature_dim:
         features = log.catalogue.feature_table(settings.arm_feature_dim)
     # prepared as the service prepares it (the step resolved, the NTK basis)
-    prepared = prepare_served(
-        snapshot, settings.rofu_config(), settings.seed, arm_features=features
-    )
+    prepared = prepare_served(snapshot, config, settings.seed, arm_features=features)
     width = snapshot.net.config.n_arms or log.n_slots
     mean, bonus = np.full((2, len(log), log.n_slots), np.nan)
     for start in range(0, len(log), chunk):
@@ -231,20 +327,3 @@ def _own_features(
         for arm, values in (given or {}).items():
             table[row, slots[arm]] = torch.tensor(values, dtype=table.dtype)
     return table
-
-
-def _snapshot(settings: Settings, sessions: SessionFactory, version: int | None) -> Snapshot:
-    name = "the newest checkpoint" if version is None else f"checkpoint {version}"
-    store = CheckpointStore(sessions, settings.checkpoint_dir)
-    try:
-        found = store.latest() if version is None else store.get(version)
-        if found is not None:
-            return Snapshot.from_blob(
-                found[1],
-                settings.served_net_configs(),
-                torch.device("cpu"),
-                hash_seed=settings.feature_hash_seed,
-            )
-    except CheckpointError as exc:  # damaged, unreadable, or another network's
-        raise EvaluationError(f"{name}: {exc}") from exc
-    raise EvaluationError(f"{name} is not stored")
