@@ -1,0 +1,44 @@
+"""Which logged decisions a checkpoint has not seen.
+
+A policy built on a checkpoint scored on the rows that checkpoint was fitted on looks
+better than it is: its mean chose, row by row, the arms whose logged rewards it learned.
+A row is fresh for checkpoint v when it was decided after v was stored and no training
+of v or of an earlier version consumed it (`trained_in` is unset or later than v; the
+trainer marks every decision it consumes, `rofu.service.db.repository.commit_checkpoint`).
+`rofu evaluate` scores each checkpoint's policies on its fresh rows unless told to use
+every row (`--include-training-rows`), and then counts the rows the checkpoint saw.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+from rofu.evaluation.service_log import ServiceLog
+
+
+def fresh_rows(log: ServiceLog, version: int, created_at: datetime) -> np.ndarray:
+    """(N,) bool: the rows decided after checkpoint `version` was stored at `created_at`
+    and consumed by no training of it or an earlier version."""
+    stored = np.datetime64(created_at.astimezone(UTC).replace(tzinfo=None), "us")
+    unconsumed = (log.trained_in < 0) | (log.trained_in > version)
+    return (log.decided_at > stored) & unconsumed
+
+
+def seen_rows(log: ServiceLog, version: int) -> np.ndarray:
+    """(N,) bool: the rows the training of checkpoint `version` or an earlier one consumed."""
+    return (log.trained_in >= 0) & (log.trained_in <= version)
+
+
+def _moment(value: np.datetime64) -> str:
+    return datetime.fromisoformat(str(value)).replace(tzinfo=UTC).isoformat()
+
+
+def span(log: ServiceLog, rows: np.ndarray) -> dict[str, Any]:
+    """The rows a (N,) bool mask keeps: how many, and the first and last decision time."""
+    times = log.decided_at[rows]
+    if times.size == 0:
+        return {"rows": 0, "first": None, "last": None}
+    return {"rows": int(times.size), "first": _moment(times.min()), "last": _moment(times.max())}
