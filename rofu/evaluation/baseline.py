@@ -26,9 +26,12 @@ What the log supports, honestly:
   baseline's arm has a logged reward only where rofu's rule gave it a positive
   probability.
 
-By logged model version, "rofu as logged" (rofu's own rule at the time: what it served,
-or in apprentice mode what it would have served) is compared with the baseline, which
-shows from which version on rofu would have beaten it. rofu learned from the baseline's
+Each policy is compared on its own rows (`rofu evaluate` passes those fresh for its
+checkpoint), the baseline's own value is given on the served checkpoint's. By logged
+model version, "rofu as logged" (rofu's own rule at the time: what it served, or in
+apprentice mode what it would have served) is compared with the baseline on every row
+(each was decided by a model that had not seen it), which shows from which version on
+rofu would have beaten it. rofu learned from the baseline's
 choices meanwhile; serving its own, it would have learned from other data.
 """
 
@@ -90,33 +93,46 @@ def value_bounds(probabilities: np.ndarray, log: ServiceLog) -> list[float] | No
     return [float(ips.mean() + unseen.mean() * low), float(ips.mean() + unseen.mean() * high)]
 
 
-def _statistics(log: ServiceLog, q: np.ndarray, targets: dict[str, np.ndarray]) -> dict[str, float]:
+def _mean(values: np.ndarray, rows: np.ndarray) -> float:
+    return float(values[rows].mean()) if rows.any() else np.nan
+
+
+def _statistics(
+    log: ServiceLog,
+    q: np.ndarray,
+    targets: dict[str, np.ndarray],
+    on: dict[str, np.ndarray],
+    reference: np.ndarray,
+) -> dict[str, float]:
     """Every mean the section reports, on a log (or a resample of it): the baseline's
-    value, each target's value and difference, and by model version rofu as logged."""
+    value (on the `reference` rows), each target's value and difference (on its rows
+    `on[name]`), and by model version rofu as logged (on every row)."""
     keep = log.baselines >= 0
     baseline = dr_terms(baseline_probabilities(log), log, q)
-    out = {"baseline": float(baseline[keep].mean()) if keep.any() else np.nan}
+    out = {"baseline": _mean(baseline, keep & reference)}
     for name, probabilities in targets.items():
-        mine = dr_terms(probabilities, log, q)
-        out[f"value/{name}"] = float(mine[keep].mean()) if keep.any() else np.nan
-        out[f"difference/{name}"] = float((mine - baseline)[keep].mean()) if keep.any() else np.nan
+        mine, rows = dr_terms(probabilities, log, q), keep & on[name]
+        out[f"value/{name}"] = _mean(mine, rows)
+        out[f"difference/{name}"] = _mean(mine - baseline, rows)
     rule = np.nan_to_num(log.rule)  # rows without it are left out below
     own = dr_terms(rule, log, q)
     logged = keep & ~np.isnan(log.rule).any(axis=1)
     for version in np.unique(log.versions[logged]):
         rows = logged & (log.versions == version)
-        out[f"v{version}/baseline"] = float(baseline[rows].mean())
-        out[f"v{version}/value"] = float(own[rows].mean())
-        out[f"v{version}/difference"] = float((own - baseline)[rows].mean())
+        out[f"v{version}/baseline"] = _mean(baseline, rows)
+        out[f"v{version}/value"] = _mean(own, rows)
+        out[f"v{version}/difference"] = _mean(own - baseline, rows)
     if logged.any():
-        out[f"value/{AS_LOGGED}"] = float(own[logged].mean())
-        out[f"difference/{AS_LOGGED}"] = float((own - baseline)[logged].mean())
+        out[f"value/{AS_LOGGED}"] = _mean(own, logged)
+        out[f"difference/{AS_LOGGED}"] = _mean(own - baseline, logged)
     return out
 
 
 def _bootstrap(
     log: ServiceLog,
     targets: dict[str, np.ndarray],
+    on: dict[str, np.ndarray],
+    reference: np.ndarray,
     fit: FitRewards,
     point: dict[str, float],
     n_boot: int,
@@ -129,7 +145,11 @@ def _bootstrap(
         rows = rng.integers(len(log), size=len(log))
         resample = log.subset(rows)
         stats = _statistics(
-            resample, fit(resample, seed + k), {n: p[rows] for n, p in targets.items()}
+            resample,
+            fit(resample, seed + k),
+            {n: p[rows] for n, p in targets.items()},
+            {n: m[rows] for n, m in on.items()},
+            reference[rows],
         )
         for key in point:
             draws[key].append(stats.get(key, np.nan))
@@ -145,6 +165,8 @@ def compare_with_baseline(
     log: ServiceLog,
     q: np.ndarray,
     targets: dict[str, np.ndarray],
+    on: dict[str, np.ndarray],
+    reference: np.ndarray,
     fit: FitRewards,
     *,
     n_boot: int = 200,
@@ -157,30 +179,35 @@ def compare_with_baseline(
     Args:
         log: the whole log; q: (N, S) DR's reward model on it, as `fit(log, seed)` gave.
         targets: policy name -> (N, S) probabilities on the whole log.
+        on: policy name -> (N,) bool, the rows it is compared on (those fresh for its
+            checkpoint); rofu as logged is compared on every row.
+        reference: (N,) bool, the rows the baseline's own value is given on.
         fit: refits q on a bootstrap resample.
     """
     keep = log.baselines >= 0
     if not keep.any():
         return None
-    point = _statistics(log, q, targets)
-    intervals = _bootstrap(log, targets, fit, point, n_boot, seed)
-    sub = log.subset(keep)
+    point = _statistics(log, q, targets, on, reference)
+    intervals = _bootstrap(log, targets, on, reference, fit, point, n_boot, seed)
+    sub = log.subset(keep & reference)
 
     def estimate(key: str, n: int) -> Estimate:
         return Estimate(point[key], *intervals[key], n)
 
     def compared(name: str, probabilities: np.ndarray, rows: np.ndarray) -> dict[str, Any]:
-        part = log.subset(rows)
-        difference = estimate(f"difference/{name}", int(rows.sum()))
+        part, n = log.subset(rows), int(rows.sum())
+        difference = estimate(f"difference/{name}", n)
+        agrees = probabilities[rows][np.arange(n), part.baselines]  # (n,)
         return {
-            "agreement": float(probabilities[rows][np.arange(len(part)), part.baselines].mean()),
-            "value": estimate(f"value/{name}", int(rows.sum())),
+            "rows": n,
+            "agreement": float(agrees.mean()) if n else np.nan,
+            "value": estimate(f"value/{name}", n),
             "difference": difference,
             "verdict": verdict(difference),
-            "bounds": value_bounds(probabilities[rows], part),
+            "bounds": value_bounds(probabilities[rows], part) if n else None,
         }
 
-    policies = {name: compared(name, p, keep) for name, p in targets.items()}
+    policies = {name: compared(name, p, keep & on[name]) for name, p in targets.items()}
     logged = keep & ~np.isnan(log.rule).any(axis=1)
     if logged.any():
         policies[AS_LOGGED] = compared(AS_LOGGED, log.rule, logged)
@@ -198,11 +225,11 @@ def compare_with_baseline(
             "verdict": verdict(difference),
         }
     return {
-        "rows": int(keep.sum()),
+        "rows": int((keep & reference).sum()),
         "served": int(sub.served_baseline.sum()),
-        "reward_range": [float(sub.rewards.min()), float(sub.rewards.max())],
+        "reward_range": [float(log.rewards[keep].min()), float(log.rewards[keep].max())],
         "bootstrap": n_boot,
-        "value": estimate("baseline", int(keep.sum())),
+        "value": estimate("baseline", int((keep & reference).sum())),
         "policies": policies,
         "by_version": by_version,
     }

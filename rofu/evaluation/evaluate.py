@@ -1,29 +1,43 @@
 """`rofu evaluate`: what other policies would have earned on the service's own log.
 
-The log (rewarded decisions, with their logged propensities) is read through the export
+The log (rewarded decisions, with their logged probabilities) is read through the export
 reader; each target policy is a (N, S) table of exact choice probabilities on the logged
 contexts and candidates, computed with the service's own rule (`rofu.models.selection`):
 
 - `served`: the served checkpoint (the pinned one, else the newest), scored as the
-  service scores (`rofu.evaluation.service_log.checkpoint_scores`), under the configured rule;
+  service scores it (`rofu.evaluation.service_log.score_checkpoint`) under the ROFU
+  configuration the checkpoint recorded (`rofu.evaluation.recorded`: estimator, bonus
+  scale, selection rule, floor, igw gamma), not this shell's settings;
 - the served model with other exploration settings: other exploration floors, other
-  bonus scales;
+  bonus scales (multiples of the recorded one);
 - `greedy`: the served model's mean alone (argmax, ties uniform);
 - `uniform`: every candidate alike;
-- older stored checkpoints under the configured rule (default: the one before the
+- older stored checkpoints, each under its own record (default: the one before the
   served one).
 
 A request that asked not to explore keeps its argmax of the mean under every rule, as
-the service would answer it. Each policy's value is estimated by IPS, SNIPS and DR
-(`rofu.replay.ope`, with pi(a_i | x_i) in place of the match indicator) with 95% intervals;
-DR's reward model is a ridge regression per arm on [context, 1], cross-fitted over two
-folds of rows so no row's prediction saw its own reward. IPS and DR are unbiased only
-where the logging rule gave the target's arms a positive probability: `off_support` is
-the target's mean probability mass on arms the logged probabilities gave 0.
+the service would answer it.
+
+Rows: each checkpoint's policies are estimated on the rows fresh for that checkpoint
+(`rofu.evaluation.fresh`: decided after it was stored, consumed by no training of it or
+an earlier version), since on the rows it was fitted on its choices look better than
+they are; uniform and the logged value on the served checkpoint's fresh rows, so that
+the served policy, its variations, uniform and the logged one are compared on the same
+rows. With `include_training_rows` every row of the window is used, and the report's
+first line says the estimates are optimistic and how many rows the served checkpoint
+was fitted on. A served checkpoint with no fresh row is an `EvaluationError`.
+
+Each policy's value is estimated by IPS, SNIPS and DR (`rofu.replay.ope`) with 95%
+intervals, where the log supports it (`rofu.evaluation.estimates`: at least
+`MIN_SUPPORT` of its choices on arms the logging rule gave a positive probability), and
+always by the direct method under the reward model (DM); the reward model is a ridge
+regression per arm on [context, 1], cross-fitted over two folds of the window's rows so
+that no row's prediction saw its own reward.
 
 On decisions whose request carried the app's own `baseline_arm` (apprentice mode, or
-recorded in online mode), every policy, and rofu's own rule as logged (by model
-version), is also compared with that baseline (`rofu.evaluation.baseline`).
+recorded in online mode), every policy, on its rows, and rofu's own rule as logged (by
+model version, on every row: each was decided by a model that had not seen it), is also
+compared with that baseline (`rofu.evaluation.baseline`).
 """
 
 from __future__ import annotations
@@ -31,197 +45,96 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from rofu.evaluation.baseline import compare_with_baseline
+from rofu.evaluation.estimates import MIN_SUPPORT, estimate, logged_value, ridge_rewards
+from rofu.evaluation.fresh import fresh_rows, seen_rows, span
+from rofu.evaluation.policies import Plan, TargetPolicy, Variations, target_policies
 from rofu.evaluation.report import write_report
-from rofu.evaluation.service_log import (
-    CheckpointScores,
-    EvaluationError,
-    ServiceLog,
-    checkpoint_scores,
-    read_service_log,
-)
-from rofu.models.selection import ARGMAX, SelectionRule, choice_probabilities
-from rofu.replay.ope import Estimate, dr_estimate, ips_estimate, ratio_estimate, snips_estimate
-from rofu.service.db import repository
-from rofu.service.db.engine import (
-    MissingDatabase,
-    SessionFactory,
-    existing_engine,
-    session_factory,
-)
+from rofu.evaluation.service_log import EvaluationError, ServiceLog, read_service_log
+from rofu.service.db.engine import MissingDatabase, existing_engine, session_factory
 from rofu.service.errors import ServiceError
 from rofu.service.log.pages import EVERYTHING, Window, utc
 from rofu.service.settings import Settings
 
 DEFAULT_OUT = Path("results") / "tmp" / "evaluate"
-
-
-@dataclass(frozen=True)
-class TargetPolicy:
-    """A policy to evaluate: its (N, S) choice probabilities on the log, and what it is."""
-
-    name: str
-    probabilities: np.ndarray
-    note: str
-
-
-@dataclass(frozen=True)
-class Variations:
-    """The alternatives to the served policy to evaluate.
-
-    Attributes:
-        floors: other exploration floors under the served model.
-        bonus_scales: multiples of the served bonus (ROFU_BONUS_SCALE x this).
-        checkpoints: stored versions to replay (None: the one before the served one).
-    """
-
-    floors: tuple[float, ...] = (0.05, 0.2)
-    bonus_scales: tuple[float, ...] = (0.5, 2.0)
-    checkpoints: tuple[int, ...] | None = None
-
-
-def rule_probabilities(
-    scores: CheckpointScores, log: ServiceLog, rule: SelectionRule, bonus_scale: float = 1.0
-) -> np.ndarray:
-    """(N, S) probabilities of `rule` over mean + bonus_scale * bonus (the mean alone
-    for a request that asked not to explore)."""
-    explore = log.explore[:, None]
-    values = np.where(explore, scores.mean + bonus_scale * scores.bonus, scores.mean)
-    chosen = choice_probabilities(
-        torch.from_numpy(values),
-        torch.from_numpy(log.candidates),
-        rule,
-        torch.from_numpy(log.explore),
-    )
-    return chosen.numpy()
-
-
-def uniform_probabilities(log: ServiceLog) -> np.ndarray:
-    """(N, S) uniform over each decision's candidates."""
-    counts = log.candidates.sum(axis=1, keepdims=True)
-    uniform: np.ndarray = log.candidates / counts
-    return uniform
-
-
-def target_policies(
-    settings: Settings,
-    sessions: SessionFactory,
-    log: ServiceLog,
-    variations: Variations,
-    notes: list[str],
-) -> Iterator[TargetPolicy]:
-    """The policies to evaluate, one (N, S) table at a time; why a policy could not be
-    built is appended to `notes`."""
-    rule = settings.rofu_config().rule
-    yield TargetPolicy("uniform", uniform_probabilities(log), "every candidate alike")
-    try:
-        served = checkpoint_scores(settings, sessions, log, repository.get_pin(sessions))
-    except EvaluationError as exc:
-        notes.append(f"served model: {exc}")
-        return
-    v = served.version
-    yield TargetPolicy(f"served v{v}", rule_probabilities(served, log, rule), _describe(rule))
-    yield TargetPolicy(f"greedy v{v}", rule_probabilities(served, log, ARGMAX, 0.0), "mean only")
-    for floor in variations.floors:
-        if floor != rule.exploration_floor:
-            other = SelectionRule(rule.selection, floor, rule.igw_gamma)
-            name = f"served v{v}, floor {floor:g}"
-            yield TargetPolicy(name, rule_probabilities(served, log, other), "")
-    for scale in variations.bonus_scales:
-        probabilities = rule_probabilities(served, log, rule, scale)
-        yield TargetPolicy(f"served v{v}, bonus x{scale:g}", probabilities, "")
-    for version in _older(sessions, variations.checkpoints, v):
-        try:
-            old = checkpoint_scores(settings, sessions, log, version)
-        except EvaluationError as exc:
-            notes.append(str(exc))
-            continue
-        yield TargetPolicy(f"checkpoint v{version}", rule_probabilities(old, log, rule), "")
-
-
-def _describe(rule: SelectionRule) -> str:
-    igw = f", gamma {rule.igw_gamma:g}" if rule.selection == "igw" else ""
-    return f"{rule.selection}{igw}, floor {rule.exploration_floor:g}"
-
-
-def _older(sessions: SessionFactory, versions: tuple[int, ...] | None, served: int) -> list[int]:
-    if versions is not None:
-        return [v for v in versions if v != served]
-    rows = repository.list_checkpoints(sessions, limit=20, before=served)
-    return [row.version for row in rows if row.quarantined_at is None][:1]
-
-
-def ridge_rewards(log: ServiceLog, *, l2: float = 1e-3, seed: int = 0) -> np.ndarray:
-    """DR's reward model: (N, S) predictions of a ridge regression per arm on [x, 1],
-    each row predicted by the fit on the other fold (the training mean for an arm that
-    fold never chose). The ridge is small: shrinkage would bias what DR extrapolates to
-    arms that have no logged reward (apprentice logs), which no correction term undoes."""
-    phi = np.hstack([log.contexts, np.ones((len(log), 1))])  # (N, D + 1)
-    fold = np.random.default_rng(seed).integers(2, size=len(log))  # (N,)
-    q = np.zeros((len(log), log.n_slots))
-    for k in range(2):
-        train, test = fold != k, fold == k
-        q[test] = log.rewards[train].mean() if train.any() else 0.0
-        for slot in np.unique(log.actions[train]):
-            rows = train & (log.actions == slot)
-            gram = phi[rows].T @ phi[rows] + l2 * np.eye(phi.shape[1])
-            weights = np.linalg.solve(gram, phi[rows].T @ log.rewards[rows])
-            q[test, slot] = phi[test] @ weights
-    return q
+DEFAULT_VARIATIONS = Variations()
 
 
 def _refit(log: ServiceLog, seed: int) -> np.ndarray:
     return ridge_rewards(log, seed=seed)
 
 
-def estimate(
-    probabilities: np.ndarray, log: ServiceLog, q: np.ndarray, *, ci: str = "normal", seed: int = 0
+def policy_figures(
+    policy: TargetPolicy,
+    log: ServiceLog,
+    q: np.ndarray,
+    *,
+    ci: str = "normal",
+    seed: int = 0,
+    min_support: float = MIN_SUPPORT,
 ) -> dict[str, Any]:
-    """IPS, SNIPS and DR of one target policy, with its effective sample size and the
-    probability mass it puts where the logging rule could not go."""
-    rows = np.arange(len(log))
-    on_logged = probabilities[rows, log.actions]  # (N,) pi(a_i | x_i)
-    r, p = log.rewards, log.propensities
-    q_policy = np.nansum(probabilities * q, axis=1)  # (N,) sum_a pi(a | x) q(x, a)
-    estimates: dict[str, Estimate] = {
-        "ips": ips_estimate(r, on_logged, p, ci=ci, rng=np.random.default_rng(seed)),
-        "snips": snips_estimate(r, on_logged, p, ci=ci, rng=np.random.default_rng(seed)),
-        "dr": dr_estimate(
-            r, on_logged, p, q[rows, log.actions], q_policy, ci=ci, rng=np.random.default_rng(seed)
-        ),
+    """One policy's entry of the report: what it is, its rows (how many, first and last
+    decision time, how many its checkpoint was fitted on), its support and estimates."""
+    rows, v = policy.rows, policy.checkpoint
+    figures: dict[str, Any] = {
+        "note": policy.note,
+        "checkpoint": v,
+        "config": None if policy.config is None else policy.config.figures(),
+        **span(log, rows),
+        "fitted_on": 0 if v is None else int((seen_rows(log, v) & rows).sum()),
     }
-    weights = on_logged / p
-    known = ~np.isnan(log.logging).any(axis=1)
-    off = (probabilities * (log.logging == 0) * log.candidates).sum(axis=1)  # (N,)
+    part = log.subset(rows)
+    probabilities = policy.probabilities[rows]
+    return figures | estimate(
+        probabilities, part, q[rows], ci=ci, seed=seed, min_support=min_support
+    )
+
+
+def optimistic_line(plan: Plan, log: ServiceLog) -> str | None:
+    """The report's first line when every row of the window was used; None without a
+    served checkpoint (no model was fitted on any row)."""
+    if plan.served is None:
+        return None
+    v = plan.served.version
+    fitted = seen_rows(log, v)
+    before = ~fresh_rows(log, v, plan.served.created_at) & ~fitted
+    return (
+        f"Optimistic: --include-training-rows evaluates on every row of the window, and the "
+        f"served checkpoint v{v} was fitted on {int(fitted.sum())} of these {len(log)} rows "
+        f"({int(before.sum())} others were decided before it was stored): the estimates of "
+        "the policies built on it are optimistic."
+    )
+
+
+def served_figures(plan: Plan) -> dict[str, Any] | None:
+    """The served checkpoint: its version, when it was stored, the configuration it is
+    scored under and how far that is from what its service logged."""
+    if plan.served is None or plan.served_config is None:
+        return None
     return {
-        **estimates,
-        "effective_rows": float(weights.sum() ** 2 / max(float(np.square(weights).sum()), 1e-300)),
-        "off_support": float(off[known].mean()) if known.any() else None,
+        "version": plan.served.version,
+        "created_at": plan.served.created_at.isoformat(),
+        "config": plan.served_config.figures(),
+        "mismatch": plan.mismatch,
     }
-
-
-def logged_value(log: ServiceLog, *, ci: str = "normal") -> Estimate:
-    """The logging policy's own value: the mean logged reward (on-policy)."""
-    value, low, high = ratio_estimate(log.rewards, np.ones_like(log.rewards), ci=ci)
-    return Estimate(value, low, high, len(log))
 
 
 def run_evaluation(
     settings: Settings,
     window: Window = EVERYTHING,
-    variations: Variations = Variations(),
+    variations: Variations = DEFAULT_VARIATIONS,
     *,
     ci: str = "normal",
     seed: int = 0,
     out_dir: Path = DEFAULT_OUT,
+    include_training_rows: bool = False,
+    min_support: float = MIN_SUPPORT,
 ) -> dict[str, Any]:
     """Evaluate the target policies on the window's log; write evaluate.md/.json/.png.
 
@@ -229,36 +142,85 @@ def run_evaluation(
         The figures written to evaluate.json.
 
     Raises:
-        EvaluationError: the window holds no rewarded decision.
+        EvaluationError: the window holds no rewarded decision, none fresh for the served
+            checkpoint (unless `include_training_rows`), or that checkpoint cannot be read.
     """
     engine = existing_engine(settings.database_url)
-    notes: list[str] = []
     try:
         sessions = session_factory(engine)
         log = read_service_log(sessions, window, settings.default_reward)
-        q = ridge_rewards(log, seed=seed)
-        results, tables = {}, {}
-        for policy in target_policies(settings, sessions, log, variations, notes):
-            estimates = estimate(policy.probabilities, log, q, ci=ci)
-            results[policy.name] = {"note": policy.note, **estimates}
-            tables[policy.name] = policy.probabilities
+        plan = target_policies(
+            settings, sessions, log, variations, everything=include_training_rows
+        )
     finally:
         engine.dispose()
+    q = ridge_rewards(log, seed=seed)
+    results = {
+        p.name: policy_figures(p, log, q, ci=ci, seed=seed, min_support=min_support)
+        for p in plan.policies
+    }
+    optimistic = optimistic_line(plan, log) if include_training_rows else None
     figures: dict[str, Any] = {
+        "optimistic": optimistic,
+        **log_figures(log, window),
+        "include_training_rows": include_training_rows,
+        "min_support": min_support,
+        "ci": ci,
+        "seed": seed,
+        "served": served_figures(plan),
+        "reference": span(log, plan.reference),
+        "logged": logged_value(log.subset(plan.reference), ci=ci),
+        "policies": results,
+        "baseline": baseline_figures(plan, log, q, seed),
+        "notes": plan.notes,
+    }
+    return write_report(figures, out_dir)
+
+
+def log_figures(log: ServiceLog, window: Window) -> dict[str, Any]:
+    """What the window (--since/--until) holds."""
+    return {
         "rows": len(log),
         "unrewarded": log.unrewarded,
         "unactivated": log.unactivated,
         "since": None if window.since is None else window.since.isoformat(),
         "until": None if window.until is None else window.until.isoformat(),
         "logged_versions": sorted({int(v) for v in log.versions}),
-        "ci": ci,
-        "seed": seed,
-        "logged": logged_value(log, ci=ci),
-        "policies": results,
-        "baseline": compare_with_baseline(log, q, tables, _refit, seed=seed),
-        "notes": notes,
     }
-    return write_report(figures, out_dir)
+
+
+def baseline_figures(
+    plan: Plan, log: ServiceLog, q: np.ndarray, seed: int
+) -> dict[str, Any] | None:
+    """The comparison with the app's baseline, each policy on its rows."""
+    return compare_with_baseline(
+        log,
+        q,
+        {p.name: p.probabilities for p in plan.policies},
+        {p.name: p.rows for p in plan.policies},
+        plan.reference,
+        _refit,
+        seed=seed,
+    )
+
+
+def _summary(figures: dict[str, Any]) -> str:
+    rows = f"{figures['rows']} rewarded decisions"
+    if figures["served"] is None:
+        return f"{rows}, no checkpoint stored"
+    if figures["include_training_rows"]:
+        return f"{rows}, all used (optimistic)"
+    return f"{rows}, {figures['reference']['rows']} of them fresh for the served checkpoint"
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a share in [0, 1]")
+    return value
 
 
 def _numbers(kind: type[float] | type[int], low: float = 0.0, high: float = math.inf) -> Any:
@@ -280,10 +242,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="rofu evaluate",
-        description="IPS, SNIPS and DR estimates (95% intervals) of the served model, other "
-        "exploration settings, greedy, uniform and older checkpoints on the service's own "
-        "decision log (ROFU_DATABASE_URL), each also against the app's own baseline_arm "
-        "where requests carried one (apprentice mode); writes evaluate.md, .json and .png.",
+        description="IPS, SNIPS, DR and reward-model (DM) estimates (95% intervals) of the "
+        "served model under the configuration its checkpoint recorded, other exploration "
+        "settings, greedy, uniform and older checkpoints on the service's own decision log "
+        "(ROFU_DATABASE_URL), each checkpoint on the decisions it has not seen, each also "
+        "against the app's own baseline_arm where requests carried one (apprentice mode); "
+        "writes evaluate.md, .json and .png.",
     )
     parser.add_argument("--since", type=moment, help="decisions made at this time or later")
     parser.add_argument("--until", type=moment, help="decisions made before this time")
@@ -310,6 +274,20 @@ def build_parser() -> argparse.ArgumentParser:
         default="normal",
         help="95%% intervals by the normal approximation or the bootstrap (default normal)",
     )
+    parser.add_argument(
+        "--include-training-rows",
+        action="store_true",
+        help="evaluate every policy on every decision of the window, those its checkpoint "
+        "was fitted on included (optimistic; default: each checkpoint on the decisions made "
+        "after it was stored and not consumed by its training)",
+    )
+    parser.add_argument(
+        "--min-support",
+        type=_fraction,
+        default=MIN_SUPPORT,
+        help="refuse IPS, SNIPS and DR for a policy with a smaller share of its choices on "
+        f"arms the log gave a positive probability (default {MIN_SUPPORT:g})",
+    )
     parser.add_argument("--seed", type=int, default=0, help="DR's folds and the bootstrap")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"default {DEFAULT_OUT}")
     return parser
@@ -324,7 +302,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         window = Window(*(None if m is None else utc(m) for m in (args.since, args.until)))
         figures = run_evaluation(
-            get_settings(), window, variations, ci=args.ci, seed=args.seed, out_dir=args.out
+            get_settings(),
+            window,
+            variations,
+            ci=args.ci,
+            seed=args.seed,
+            out_dir=args.out,
+            include_training_rows=args.include_training_rows,
+            min_support=args.min_support,
         )
     except MissingDatabase as exc:
         print(f"rofu evaluate: {exc}", file=sys.stderr)
@@ -332,6 +317,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (EvaluationError, ServiceError) as exc:
         print(f"rofu evaluate: {exc}", file=sys.stderr)
         return 1
-    print(f"rofu evaluate: {figures['rows']} rewarded decisions", file=sys.stderr)
+    print(f"rofu evaluate: {_summary(figures)}", file=sys.stderr)
     print(args.out / "evaluate.md")
     return 0

@@ -12,7 +12,8 @@ from typing import Any
 from rofu.evaluation.baseline import BEATS
 from rofu.replay.ope import Estimate
 
-ESTIMATORS = ("ips", "snips", "dr")
+ESTIMATORS = ("ips", "snips", "dr", "dm")
+LABELS = {"ips": "IPS", "snips": "SNIPS", "dr": "DR", "dm": "DM, reward model"}
 
 
 def jsonable(value: Any) -> Any:
@@ -45,34 +46,98 @@ def _cell(estimate: dict[str, Any]) -> str:
     return f"{fmt(estimate['value'])} [{fmt(estimate['ci_low'])}, {fmt(estimate['ci_high'])}]"
 
 
+def _moment(text: str | None) -> str:
+    return "n/a" if text is None else text[:19].replace("T", " ")
+
+
+def _support(result: dict[str, Any]) -> str:
+    share = result["support"]
+    if share is None:
+        return "unknown"
+    partial = (
+        "" if result["support_rows"] == result["rows"] else f" (on {result['support_rows']} rows)"
+    )
+    return f"{share:.1%}{partial}"
+
+
+def _row(name: str, result: dict[str, Any]) -> str:
+    cells = [
+        name,
+        str(result["rows"]),
+        f"{_moment(result['first'])} to {_moment(result['last'])}",
+        _support(result),
+        *(result["refused"] if result[e] is None else _cell(result[e]) for e in ESTIMATORS[:3]),
+        _cell(result["dm"]),
+        f"{result['effective_rows']:.0f}",
+        result["note"],
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _served(data: dict[str, Any]) -> str:
+    served = data["served"]
+    if served is None:
+        return "No checkpoint is stored: uniform alone is evaluated."
+    config = served["config"]
+    source = (
+        "the configuration it recorded"
+        if config["source"] == "checkpoint"
+        else "this shell's settings (it recorded none)"
+    )
+    igw = f", gamma {config['igw_gamma']:g}" if config["selection"] == "igw" else ""
+    return (
+        f"Served: checkpoint v{served['version']}, stored at {_moment(served['created_at'])}, "
+        f"scored under {source}: {config['selection']}{igw}, floor "
+        f"{config['exploration_floor']:g}, bonus x{config['bonus_scale']:g} "
+        f"({config['estimator']})."
+    )
+
+
+def _rows(data: dict[str, Any]) -> str:
+    reference = data["reference"]
+    used = (
+        f"{reference['rows']} rows, decided {_moment(reference['first'])} to "
+        f"{_moment(reference['last'])}"
+    )
+    if data["include_training_rows"]:
+        return f"Rows: every row of the window for every policy ({used}); see the first line."
+    return (
+        "Rows: each checkpoint's policies on the rows fresh for it (decided after it was "
+        "stored, consumed by no training of it or an earlier version); uniform and the "
+        f"logged policy on the served checkpoint's: {used}."
+    )
+
+
 def markdown(data: dict[str, Any]) -> str:
     """The policy x estimator table, with the log's description and the caveats."""
+    lines = [f"**{data['optimistic']}**", ""] if data.get("optimistic") else []
     window = f"from {data['since'] or 'the start'} to {data['until'] or 'now'}"
-    lines = [
+    lines += [
         "# Offline evaluation on the service's decision log",
         "",
-        f"{data['rows']} rewarded decisions {window} ({data['unrewarded']} without a reward "
-        f"and {data.get('unactivated', 0)} deferred, never activated, left out), decided by "
-        f"model versions {data['logged_versions']}; 95% intervals "
-        f"({data['ci']}), seed {data['seed']}. Logged policy (mean reward): "
-        f"{_cell(data['logged'])}.",
+        f"{data['rows']} rewarded decisions {window} (--since/--until; {data['unrewarded']} "
+        f"without a reward and {data.get('unactivated', 0)} deferred, never activated, left "
+        f"out), decided by model versions {data['logged_versions']}; 95% intervals "
+        f"({data['ci']}), seed {data['seed']}.",
         "",
-        "| policy | IPS | SNIPS | DR | effective rows | off-support mass | |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name, result in data["policies"].items():
-        off = result["off_support"]
-        cells = [_cell(result[e]) for e in ESTIMATORS]
-        lines.append(
-            f"| {name} | " + " | ".join(cells) + f" | {result['effective_rows']:.0f} | "
-            f"{'n/a' if off is None else f'{off:.3f}'} | {result['note']} |"
-        )
-    lines += [
+        _served(data),
         "",
-        "Off-support mass: the share of the policy's choices that the logging rule gave "
-        "probability 0. No logged reward shows what they earn, so every estimate may be "
-        "off by up to that share of the reward range (n/a: the rows logged no "
-        "probabilities). Effective rows, (sum w)^2 / sum w^2: few mean wide intervals.",
+        _rows(data) + f" Logged policy (mean reward): {_cell(data['logged'])}.",
+        "",
+        "| policy | rows | decided | support | IPS | SNIPS | DR | DM, reward model | "
+        "effective rows | |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        *(_row(name, result) for name, result in data["policies"].items()),
+        "",
+        "Support: the share of the policy's choices on arms the logging rule gave a "
+        "positive probability, expected under the policy (unknown: the rows logged only "
+        "the chosen arm's propensity). No logged reward shows what its other choices earn, "
+        "so below a support of "
+        f"{100 * data['min_support']:g}% (--min-support) IPS, SNIPS and DR are not given. DM, "
+        "reward model: the policy's choices valued by the reward model (a ridge "
+        "regression per arm on the context, cross-fitted), for every policy; it rests on "
+        "that model alone, and its interval covers the rows' noise, not the model's error. "
+        "Effective rows, (sum w)^2 / sum w^2: few mean wide intervals.",
     ]
     lines += [f"- {note}" for note in data["notes"]]
     if data.get("baseline"):
@@ -91,25 +156,28 @@ def baseline_markdown(section: dict[str, Any]) -> list[str]:
         "",
         "## rofu against the app's baseline",
         "",
-        f"{section['rows']} rewarded decisions carried the app's own `baseline_arm`, "
-        f"{section['served']} of them served it (apprentice mode). The baseline's value: "
-        f"{_cell(section['value'])} (its mean logged reward where it was served). Logged "
-        f"rewards lie in [{low:g}, {high:g}].",
+        f"{section['rows']} rewarded decisions of the served checkpoint's rows carried the "
+        f"app's own `baseline_arm`, {section['served']} of them served it (apprentice mode). "
+        f"The baseline's value on them: {_cell(section['value'])} (its mean logged reward "
+        f"where it was served). Logged rewards lie in [{low:g}, {high:g}]. Each policy is "
+        "compared on its own rows (those of the table above that carried a baseline).",
         "",
-        "| policy | agrees with the baseline | value (DR) | difference (DR) | verdict | "
+        "| policy | rows | agrees with the baseline | value (DR) | difference (DR) | verdict | "
         "bounds without a reward model |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, result in section["policies"].items():
+        agrees = "n/a" if result["agreement"] is None else f"{result['agreement']:.3f}"
         lines.append(
-            f"| {name} | {result['agreement']:.3f} | {_cell(result['value'])} | "
+            f"| {name} | {result['rows']} | {agrees} | {_cell(result['value'])} | "
             f"{_cell(result['difference'])} | {result['verdict']} | "
             f"{_bounds(result['bounds'])} |"
         )
     lines += [
         "",
         "By the model version that decided, rofu's own rule as logged (what it served, or "
-        "in apprentice mode would have served) against the baseline:",
+        "in apprentice mode would have served) against the baseline, on every row of the "
+        "window (each was decided by a model that had not seen it):",
         "",
         "| version | rows | agrees | baseline | rofu (DR) | difference (DR) | verdict |",
         "|---|---|---|---|---|---|---|",
@@ -142,8 +210,8 @@ def baseline_markdown(section: dict[str, Any]) -> list[str]:
 
 
 def plot(data: dict[str, Any], path: Path) -> None:
-    """Each policy's IPS, SNIPS and DR estimates with 95% intervals, the logged mean as a
-    vertical line."""
+    """Each policy's IPS, SNIPS, DR (where supported) and DM estimates with 95% intervals,
+    the logged mean as a vertical line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -151,16 +219,16 @@ def plot(data: dict[str, Any], path: Path) -> None:
 
     names = list(data["policies"])
     figure, axis = plt.subplots(figsize=(7.5, 1.2 + 0.55 * len(names)))
-    for offset, estimator in zip((-0.22, 0.0, 0.22), ESTIMATORS, strict=True):
+    for offset, estimator in zip((-0.27, -0.09, 0.09, 0.27), ESTIMATORS, strict=True):
         ys, xs, low, high = [], [], [], []
         for i, name in enumerate(names):
             e = data["policies"][name][estimator]
-            if e["value"] is not None and e["ci_low"] is not None:
+            if e is not None and e["value"] is not None and e["ci_low"] is not None:
                 ys.append(i + offset)
                 xs.append(e["value"])
                 low.append(e["value"] - e["ci_low"])
                 high.append(e["ci_high"] - e["value"])
-        axis.errorbar(xs, ys, xerr=[low, high], fmt="o", capsize=3, label=estimator.upper())
+        axis.errorbar(xs, ys, xerr=[low, high], fmt="o", capsize=3, label=LABELS[estimator])
     if data["logged"]["value"] is not None:
         axis.axvline(data["logged"]["value"], color="grey", linestyle="--", label="logged")
     baseline = (data.get("baseline") or {}).get("value", {}).get("value")

@@ -1,5 +1,7 @@
 """`rofu evaluate` end to end: the service logs a simulated linear bandit whose policy values
-are known, and the IPS, SNIPS and DR intervals cover the truth."""
+are known, and the IPS, SNIPS and DR intervals cover the truth. The checkpoints here are
+stored after the log (none was fitted on it: the served one holds the true means), so
+they are evaluated with `--include-training-rows`; what it cannot do is refused."""
 
 from __future__ import annotations
 
@@ -46,10 +48,12 @@ class LinearBandit:
         return float(self.means(np.array([x]))[0, ARMS.index(arm)] + NOISE * noise)
 
 
-async def _log_uniformly(settings: Settings, bandit: LinearBandit) -> list[dict[str, Any]]:
-    """ROUNDS decisions by the service before any model exists (uniform), all rewarded."""
-    contexts = bandit.rng.normal(size=(ROUNDS, 4)).round(6)
-    noise = bandit.rng.normal(size=ROUNDS)  # drawn up front: any completion order, same log
+async def _log_uniformly(
+    settings: Settings, bandit: LinearBandit, rounds: int = ROUNDS
+) -> list[dict[str, Any]]:
+    """`rounds` decisions by the service before any model exists (uniform), all rewarded."""
+    contexts = bandit.rng.normal(size=(rounds, 4)).round(6)
+    noise = bandit.rng.normal(size=rounds)  # drawn up front: any completion order, same log
     logged: list[dict[str, Any]] = []
     async with app_client(settings) as (client, _):
 
@@ -64,8 +68,8 @@ async def _log_uniformly(settings: Settings, bandit: LinearBandit) -> list[dict[
             assert response.status_code == 200, response.text
             logged.append({**body, "arm": decision["arm"], "propensity": decision["propensity"]})
 
-        for start in range(0, ROUNDS, 50):  # concurrent requests share micro-batches
-            await asyncio.gather(*(one(i) for i in range(start, min(start + 50, ROUNDS))))
+        for start in range(0, rounds, 50):  # concurrent requests share micro-batches
+            await asyncio.gather(*(one(i) for i in range(start, min(start + 50, rounds))))
     return sorted(logged, key=lambda row: row["event_id"])
 
 
@@ -143,11 +147,18 @@ async def test_evaluate_intervals_cover_the_true_values_of_uniform_and_greedy(
     _store(settings, 2, _known_model(settings, bandit), logged)  # served: the true means
 
     out = tmp_path / "report"
-    assert cli.main(["evaluate", "--out", str(out), "--floors", "0.1"]) == 0
+    args = ["evaluate", "--out", str(out), "--floors", "0.1", "--include-training-rows"]
+    assert cli.main(args) == 0
     assert capsys.readouterr().out.strip() == str(out / "evaluate.md")
     figures = json.loads((out / "evaluate.json").read_text())
     assert (out / "evaluate.png").stat().st_size > 1000
-    assert "| greedy v2 |" in (out / "evaluate.md").read_text()
+    report = (out / "evaluate.md").read_text()
+    assert "| greedy v2 | 1200 |" in report
+    first = report.splitlines()[0]  # every row was decided before v2 was stored
+    assert first.startswith("**Optimistic: --include-training-rows")
+    assert (
+        f"v2 was fitted on 0 of these {ROUNDS} rows ({ROUNDS} others were decided before" in first
+    )
 
     x = np.array([row["context"] for row in logged])
     means = bandit.means(x)  # (N, A)
@@ -173,10 +184,22 @@ async def test_evaluate_intervals_cover_the_true_values_of_uniform_and_greedy(
             half_width = (estimate["ci_high"] - estimate["ci_low"]) / 2
             assert half_width < (truth["greedy v2"] - truth["uniform"]) / 4, (name, estimator)
     assert _covers(figures["logged"], truth["uniform"])  # the log is uniform: on-policy
-    assert figures["policies"]["uniform"]["off_support"] == 0.0
+    assert figures["policies"]["uniform"]["support"] == 1.0
 
 
-def test_evaluate_explains_what_it_cannot_do(
+@pytest.mark.parametrize("share", ["1.5", "-0.1", "nan", "most"])
+def test_evaluate_refuses_a_minimum_support_outside_0_1(
+    environment: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str], share: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["evaluate", "--min-support", share, "--out", str(tmp_path / "report")])
+    assert exit_info.value.code == 2
+    assert f"--min-support: {share!r}: a share in [0, 1]" in capsys.readouterr().err
+    assert not (tmp_path / "report").exists()
+
+
+@pytest.mark.anyio
+async def test_evaluate_explains_what_it_cannot_do(
     environment: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit):
@@ -185,4 +208,15 @@ def test_evaluate_explains_what_it_cannot_do(
     migrate.upgrade(environment.database_url)
     assert cli.main(["evaluate", "--out", str(tmp_path / "report")]) == 1
     assert "no rewarded decision" in capsys.readouterr().err
+    assert not (tmp_path / "report").exists()
+
+    # a checkpoint stored after every logged decision has no fresh row to be evaluated on
+    logged = await _log_uniformly(environment, LinearBandit(seed=1), rounds=40)
+    _store(environment, 1, RewardNet(environment.net_config()), logged)
+    assert cli.main(["evaluate", "--out", str(tmp_path / "report")]) == 1
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1
+    assert "no rewarded decision of the window is fresh for the served checkpoint v1" in error
+    assert "0 of the 40 rows were consumed" in error
+    assert "wait for decisions after the checkpoint, or pass --include-training-rows" in error
     assert not (tmp_path / "report").exists()

@@ -1,7 +1,10 @@
 """`rofu evaluate` on an apprentice log: the service serves an app's baseline (a fixed,
 mediocre rule) on a simulated linear bandit whose values are known, first at a cold
 start, then with the true model as checkpoint 1. The report's baseline section must
-cover the true values and differences, and say that rofu's policy beats the baseline."""
+cover the true values and differences, on the rows decided after checkpoint 1 for its
+policies and on every row for rofu's rule as logged, and say that rofu's policy beats
+the baseline; in the main table, where only the baseline's arm has a logged reward,
+IPS, SNIPS and DR of the other policies are refused."""
 
 from __future__ import annotations
 
@@ -90,7 +93,8 @@ async def test_evaluate_compares_rofu_with_the_apprentice_baseline(
     _store(settings, 1, _known_model(settings, bandit), cold)
     served = await _log(settings, bandit, baseline, phase=1, version=1)
     assert cli.main(["evaluate", "--out", str(tmp_path)]) == 0
-    section = json.loads((tmp_path / "evaluate.json").read_text())["baseline"]
+    figures = json.loads((tmp_path / "evaluate.json").read_text())
+    section = figures["baseline"]
 
     rows = cold + served
     x = np.array([row["context"] for row in rows])
@@ -98,21 +102,30 @@ async def test_evaluate_compares_rofu_with_the_apprentice_baseline(
     b = np.array([ARMS.index(row["baseline_arm"]) for row in rows])
     at_baseline = means[np.arange(len(rows)), b]
     best, uniform = means.max(axis=1), means.mean(axis=1)
-    assert section["rows"] == section["served"] == 2 * ROUNDS
-    assert _covers(section["value"], at_baseline.mean())
+    fresh = slice(ROUNDS, None)  # decided after checkpoint 1 was stored
+    assert section["rows"] == section["served"] == ROUNDS
+    assert _covers(section["value"], at_baseline[fresh].mean())
     assert at_baseline.mean() < best.mean() - 0.5  # the baseline is mediocre
 
     greedy = section["policies"]["greedy v1"]  # the true model's argmax
-    assert _covers(greedy["value"], best.mean())
-    assert _covers(greedy["difference"], (best - at_baseline).mean())
+    assert greedy["rows"] == ROUNDS
+    assert _covers(greedy["value"], best[fresh].mean())
+    assert _covers(greedy["difference"], (best - at_baseline)[fresh].mean())
     assert greedy["verdict"] == BEATS
     low, high = greedy["bounds"]
-    assert low <= best.mean() <= high  # no reward model: only bounds, wide ones
+    assert low <= best[fresh].mean() <= high  # no reward model: only bounds, wide ones
     assert high - low > 1.0
-    assert _covers(section["policies"]["uniform"]["difference"], (uniform - at_baseline).mean())
+    difference = (uniform - at_baseline)[fresh].mean()
+    assert _covers(section["policies"]["uniform"]["difference"], difference)
+    main = figures["policies"]["greedy v1"]  # the log holds the baseline's arm alone
+    assert main["support"] == pytest.approx(greedy["agreement"])
+    assert main["support"] < 0.95
+    assert (main["ips"], main["snips"], main["dr"]) == (None, None, None)
+    assert _covers(main["dm"], best[fresh].mean())
 
     # rofu as logged: uniform at the cold start (v0), then the true model's argmax (v1)
     as_logged = np.concatenate([uniform[:ROUNDS], best[ROUNDS:]])
+    assert section["policies"][AS_LOGGED]["rows"] == 2 * ROUNDS
     assert _covers(section["policies"][AS_LOGGED]["value"], as_logged.mean())
     v0, v1 = section["by_version"]["0"], section["by_version"]["1"]
     assert (v0["rows"], v1["rows"]) == (ROUNDS, ROUNDS)
