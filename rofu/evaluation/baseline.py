@@ -18,7 +18,8 @@ What the log supports, honestly:
   reward checks q there: the estimate is unbiased only if q is right for those arms
   (q is fitted on the arms the baseline chose in other contexts): the interval covers
   q's noise, not a wrong form of q. IPS and SNIPS of pi use only the rows where pi
-  agrees with the baseline (see `off_support` in the main table).
+  agrees with the baseline (its `support` in the main table, where they are refused
+  below the minimum support).
 - Without any reward model, pi's value is only bounded: the IPS part over the arms the
   logging rule could choose, plus its probability on the others times the lowest and
   the highest logged reward (`bounds`, assuming rewards stay within that range).

@@ -52,7 +52,8 @@ from typing import Any
 import numpy as np
 
 from rofu.evaluation.baseline import compare_with_baseline
-from rofu.evaluation.estimates import MIN_SUPPORT, estimate, logged_value, ridge_rewards
+from rofu.evaluation.estimates import MIN_SUPPORT, estimate, logged_value
+from rofu.evaluation.estimates import ridge_rewards as ridge_rewards  # DR's model, re-exported
 from rofu.evaluation.fresh import fresh_rows, seen_rows, span
 from rofu.evaluation.policies import Plan, TargetPolicy, Variations, target_policies
 from rofu.evaluation.report import write_report
