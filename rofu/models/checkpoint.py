@@ -158,6 +158,27 @@ def _candidates(tensors: dict[str, Tensor], metadata: dict[str, str]) -> tuple[C
     return tuple(kept)
 
 
+def checkpoint_size_estimate(
+    nets: Sequence[RewardNetConfig], sample_rows: int, max_arms: int
+) -> int:
+    """The bytes of the tensors a checkpoint of these networks holds, at 8 bytes an element
+    (the widest dtype it stores), header and metadata aside.
+
+    Args:
+        nets: the network structures it may serve, one per candidate learner of a family
+            (`rofu.models.learners`); the first gives the context and arm-feature widths.
+        sample_rows: the most rows its data sample keeps.
+        max_arms: the most arms (per-arm counts and catalogue features) it records.
+    """
+    if not nets:
+        raise ValueError("nets must name at least one network structure")
+    params = [sum(int(t.numel()) for t in net.build().state_dict().values()) for net in nets]
+    served = max(params) + (sum(params) if len(params) > 1 else 0)  # theta and each candidate
+    width = nets[0].arm_feature_dim
+    row = nets[0].context_dim + width + 3  # (D,) context, (F,) features, arm, reward, slack
+    return 8 * (served + sample_rows * row + max_arms * (width + 1))
+
+
 def checkpoint_checksum(blob: bytes) -> str:
     """The checksum recorded in a blob's metadata (not verified; see `load_checkpoint`)."""
     return _metadata(blob).get("checksum", "")

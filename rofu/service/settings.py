@@ -24,6 +24,7 @@ from pydantic_settings import (
 
 from rofu.client.schemas import ARM_ID_PATTERN
 from rofu.models import FitConfig, RewardNetConfig, RofuConfig
+from rofu.models.checkpoint import checkpoint_size_estimate
 from rofu.models.learners import LEARNERS, candidates
 from rofu.models.presets import PRESETS, PRODUCT, RofuPreset, get_preset
 from rofu.service.derived import SettingsPart, derived_settings, optional_settings
@@ -176,6 +177,9 @@ class Settings(_ModelSettings):
 
     # Replicas following the checkpoint bus.
     checkpoint_poll_seconds: Annotated[float, Field(gt=0)] = 5.0
+    # The largest checkpoint blob a replica reads, from Redis or the store; a larger one is
+    # refused unread. None: derived from the network's shape (`checkpoint_byte_limit`).
+    max_checkpoint_bytes: Annotated[int, Field(ge=1)] | None = None
     arm_refresh_seconds: Annotated[float, Field(gt=0)] = 5.0
 
     @model_validator(mode="before")
@@ -300,6 +304,16 @@ class Settings(_ModelSettings):
         """The network structures a checkpoint may serve: each candidate learner's (one,
         `net_config`, for the MLP alone)."""
         return tuple(c.net for c in candidates(self.learners, self.net_config(), self.fit_config()))
+
+    def checkpoint_byte_limit(self) -> int:
+        """`max_checkpoint_bytes`, else 4 times the tensors a checkpoint of these networks
+        and `data_sample_size` rows holds (`checkpoint_size_estimate`) plus 1 MiB."""
+        if self.max_checkpoint_bytes is not None:
+            return self.max_checkpoint_bytes
+        tensors = checkpoint_size_estimate(
+            self.served_net_configs(), self.data_sample_size, self.max_arms
+        )
+        return 4 * tensors + 2**20
 
     def rofu_config(self) -> RofuConfig:
         """The ROFU estimator's hyper-parameters and selection rule."""

@@ -7,11 +7,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from pydantic import ValidationError
 
-from rofu.models import FitConfig, RewardNetConfig, RofuConfig
+from rofu.models import (
+    Checkpoint,
+    FitConfig,
+    RegulariserData,
+    RewardNetConfig,
+    RofuConfig,
+    dump_checkpoint,
+)
 from rofu.models.presets import PRESETS, PRODUCT
 from rofu.service.settings import ArmSpec, Settings, get_settings
+from tests.factories import make_transitions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -369,3 +378,19 @@ def _env_blocks(document: object) -> list[dict[str, object]]:
         for value in document:
             found += _env_blocks(value)
     return found
+
+
+def test_settings_checkpoint_byte_limit_is_set_or_derived_from_the_network() -> None:
+    shape = {"context_dim": 5, "max_arms": 4, "hidden": (16,), "data_sample_size": 500}
+    settings = Settings(**shape)
+    net = settings.net_config().build()
+    sample = make_transitions(500, 5, 4, dtype=torch.float64)
+    data = RegulariserData(sample, 500, sample.arms.bincount(minlength=4))
+    full = dump_checkpoint(Checkpoint(1, net.config, net.state_dict(), data))
+    assert len(full) < settings.checkpoint_byte_limit() < 4 * len(full) + 2**20 + 2**16
+    for name, value in {"data_sample_size": 5000, "learners": ("mlp", "linear")}.items():
+        larger = Settings(**(shape | {name: value}))
+        assert larger.checkpoint_byte_limit() > settings.checkpoint_byte_limit()
+    assert Settings(max_checkpoint_bytes=4096).checkpoint_byte_limit() == 4096
+    with pytest.raises(ValidationError, match="max_checkpoint_bytes"):
+        Settings(max_checkpoint_bytes=0)
