@@ -10,7 +10,11 @@ from rofu.models import CheckpointError
 from rofu.service import migrate
 from rofu.service.db import repository
 from rofu.service.db.engine import make_engine, session_factory
-from rofu.service.lifecycle.checkpoint_store import CheckpointStore, CorruptCheckpoint
+from rofu.service.lifecycle.checkpoint_store import (
+    CheckpointStore,
+    CorruptCheckpoint,
+    OversizedCheckpoint,
+)
 from rofu.service.metrics import ServiceMetrics
 from tests.factories import checkpoint_blob
 
@@ -118,3 +122,28 @@ def _damage(sessions, version: int, blob: bytes) -> None:
         return
     with sessions() as session, session.begin():
         session.get(type(row), version).blob = blob
+
+
+@pytest.mark.parametrize("where", ["row", "file"])
+def test_checkpoint_store_refuses_a_blob_over_the_limit_unread(
+    sessions, tmp_path, where, monkeypatch
+):
+    directory = None if where == "row" else tmp_path / "c"
+    _save(CheckpointStore(sessions, directory), 1, ONE)
+    _save(CheckpointStore(sessions, directory), 2, TWO)
+    loaded: list[int] = []
+    full_row = repository.get_checkpoint
+
+    def spied(sessions, version, *, with_blob=True):
+        loaded.extend([version] if with_blob else [])
+        return full_row(sessions, version, with_blob=with_blob)
+
+    monkeypatch.setattr(repository, "get_checkpoint", spied)
+    store = CheckpointStore(sessions, directory, max_bytes=len(TWO) - 1)
+    with pytest.raises(OversizedCheckpoint, match=f"stored checkpoint 2 is {len(TWO)} bytes"):
+        store.get(2)
+    with pytest.raises(OversizedCheckpoint):
+        store.latest()
+    assert loaded == []  # the row holding the bytes was never read
+    assert repository.get_checkpoint(sessions, 2).quarantined_at is None  # not damaged
+    assert CheckpointStore(sessions, directory, max_bytes=len(TWO)).get(2)[1] == TWO

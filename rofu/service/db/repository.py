@@ -185,9 +185,30 @@ def latest_checkpoint(sessions: SessionFactory, *, with_blob: bool = True) -> Ch
     return _transaction(sessions, work)
 
 
-def get_checkpoint(sessions: SessionFactory, version: int) -> CheckpointRow | None:
+def get_checkpoint(
+    sessions: SessionFactory, version: int, *, with_blob: bool = True
+) -> CheckpointRow | None:
     """A durable checkpoint by version."""
-    return _transaction(sessions, lambda s: s.get(CheckpointRow, version))
+    if with_blob:
+        return _transaction(sessions, lambda s: s.get(CheckpointRow, version))
+    query = (
+        select(CheckpointRow)
+        .where(CheckpointRow.version == version)
+        .options(defer(CheckpointRow.blob))
+    )
+    return _transaction(sessions, lambda s: s.scalar(query))
+
+
+def checkpoint_blob_size(
+    sessions: SessionFactory, version: int
+) -> tuple[int | None, str | None] | None:
+    """(the bytes of the blob in a checkpoint's row, its file's path), read without the
+    blob, each None where absent; None when no such checkpoint is stored."""
+    query = select(func.length(CheckpointRow.blob), CheckpointRow.path).where(
+        CheckpointRow.version == version
+    )
+    found = _transaction(sessions, lambda s: s.execute(query).first())
+    return None if found is None else (found[0], found[1])
 
 
 def list_checkpoints(

@@ -2,8 +2,8 @@
 
 The store never hands out damaged bytes: a checkpoint whose bytes do not match its row or
 do not verify is quarantined (`rofu.service.db.quarantine`) and skipped from then on. Bytes
-that cannot be read at all (a missing file, a permission) are refused but not
-quarantined: they may come back.
+that cannot be read at all (a missing file, a permission), or more of them than
+`max_bytes`, are refused but not quarantined: they may come back, or fit another limit.
 """
 
 from __future__ import annotations
@@ -27,6 +27,16 @@ class CorruptCheckpoint(CheckpointError):
     """A stored checkpoint whose bytes are damaged; it is quarantined."""
 
 
+class OversizedCheckpoint(CheckpointError):
+    """A checkpoint blob larger than the limit, refused before it is read."""
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"{what} is {size} bytes, over the limit of {limit} (ROFU_MAX_CHECKPOINT_BYTES)"
+        )
+        self.size = size
+
+
 class CheckpointStore:
     """Stores and fetches checkpoint blobs; the database row is the commit point."""
 
@@ -35,10 +45,12 @@ class CheckpointStore:
         sessions: SessionFactory,
         directory: Path | None = None,
         metrics: ServiceMetrics | None = None,
+        max_bytes: int | None = None,
     ) -> None:
         self._sessions = sessions
         self._directory = directory
         self._metrics = metrics
+        self._max_bytes = max_bytes  # None: any size is read
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
 
@@ -160,17 +172,41 @@ class CheckpointStore:
         Raises:
             CheckpointError: the newest unquarantined checkpoint cannot be read.
         """
-        while (row := repository.latest_checkpoint(self._sessions)) is not None:
+        while (row := repository.latest_checkpoint(self._sessions, with_blob=False)) is not None:
             try:
-                return row, self.blob(row)
+                found = self.get(row.version)
             except CorruptCheckpoint:
                 continue  # quarantined now: the next newest
+            if found is not None:
+                return found
         return None
 
     def get(self, version: int) -> tuple[CheckpointRow, bytes] | None:
-        """A durable checkpoint by version, with its verified bytes (see `blob`)."""
+        """A durable checkpoint by version, with its verified bytes (see `blob`).
+
+        Raises:
+            OversizedCheckpoint: its bytes are more than `max_bytes`; nothing was read.
+            CorruptCheckpoint, CheckpointError: see `blob`.
+        """
+        self._check_size(version)
         row = repository.get_checkpoint(self._sessions, version)
         return None if row is None else (row, self.blob(row))
+
+    def _check_size(self, version: int) -> None:
+        """Refuse a checkpoint over `max_bytes` from its row's blob length or its file's size."""
+        if self._max_bytes is None:
+            return
+        found = repository.checkpoint_blob_size(self._sessions, version)
+        if found is None:
+            return
+        size, path = found
+        if path is not None:
+            try:
+                size = os.stat(path).st_size
+            except OSError:
+                return  # `_read` says why it cannot be read
+        if size is not None and size > self._max_bytes:
+            raise OversizedCheckpoint(f"stored checkpoint {version}", size, self._max_bytes)
 
 
 def _damage(row: CheckpointRow, blob: bytes) -> str | None:
