@@ -10,6 +10,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SIGNS = ("positive", "negative")
+#: the `reason` values of rofu_checkpoint_rejected_total
+REJECTIONS = ("unrecorded", "mismatch", "oversized", "invalid", "unreadable")
 
 
 class ServiceMetrics:
@@ -129,9 +131,15 @@ class ServiceMetrics:
         )
         self.checkpoint_rejected = Counter(
             "rofu_checkpoint_rejected_total",
-            "Checkpoints refused (bad checksum, shape, ...)",
+            "Checkpoint copies refused, by reason: unrecorded (a version the database does "
+            "not hold), mismatch (not the bytes the database records), oversized, invalid "
+            "(fails verification: damaged, another network or hash seed), unreadable "
+            "(rofu/service/lifecycle/copies.py)",
+            ["reason"],
             registry=r,
         )
+        for reason in REJECTIONS:  # a zero series of each from the start
+            self.checkpoint_rejected.labels(reason)
         self.checkpoints_quarantined = Counter(
             "rofu_checkpoints_quarantined_total",
             "Stored checkpoints found damaged and quarantined (never loaded again)",

@@ -64,7 +64,10 @@ class Runtime:
         self.sessions = session_factory(self.engine)
         self.catalogue = CatalogueCache(self.sessions, settings.arm_refresh_seconds)
         self.holder = SnapshotHolder()
-        self.store = CheckpointStore(self.sessions, settings.checkpoint_dir, self.metrics)
+        max_bytes = settings.checkpoint_byte_limit()
+        self.store = CheckpointStore(
+            self.sessions, settings.checkpoint_dir, self.metrics, max_bytes=max_bytes
+        )
         self.redis = (
             None
             if settings.redis_url is None
@@ -106,6 +109,7 @@ class Runtime:
             self.device,
             self.redis,
             hash_seed=settings.feature_hash_seed,
+            max_bytes=max_bytes,
         )
         self.trainer_loop: TrainerLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []

@@ -108,11 +108,12 @@ class Store:
 
 
 def api_metric(http: httpx.Client, name: str) -> float:
-    """A sample of the API's /metrics (0 when the series has no sample yet)."""
-    for line in http.get("/metrics").text.splitlines():
-        if line.startswith(f"{name} "):
-            return float(line.split()[1])
-    return 0.0
+    """A series of the API's /metrics, its labelled samples summed (0 when it has none)."""
+    return sum(
+        float(line.split()[-1])
+        for line in http.get("/metrics").text.splitlines()
+        if line.startswith((f"{name} ", f"{name}{{"))
+    )
 
 
 def settle(client: Client, store: Store, http: httpx.Client) -> int:

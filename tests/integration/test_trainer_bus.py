@@ -102,24 +102,26 @@ async def test_two_replicas_swap_to_the_new_version(settings, trainer):
 
 
 @pytest.mark.anyio
-async def test_a_corrupted_checkpoint_is_refused_and_the_old_one_served(settings, trainer):
+async def test_a_checkpoint_only_on_the_bus_is_ignored_and_the_old_one_served(settings, trainer):
     run, _, bus = trainer
     async with app_client(settings) as (client, app):
         await _decide_and_reward(client, 10, "d")
         run.run_once()
         await eventually(lambda: _served(app) == 1)
-        rejected = app.state.runtime.metrics.checkpoint_rejected
+        rejected = app.state.runtime.metrics.checkpoint_rejected.labels("unrecorded")
         good = bus.fetch(1)
         corrupted = bytearray(good)
         corrupted[len(corrupted) // 2] ^= 0xFF
-        bus.publish(2, bytes(corrupted))  # only on the bus: no durable copy to fall back to
+        bus.publish(2, bytes(corrupted))  # only on the bus: the database does not vouch for it
         await eventually(lambda: rejected._value.get() >= 1)
         assert _served(app) == 1
         reply = await client.post("/v1/select", json={"context": [1, 2, 3]})
         assert (reply.status_code, reply.json()["model_version"]) == (200, 1)
         metrics = (await client.get("/metrics")).text
         line = next(
-            x for x in metrics.splitlines() if x.startswith("rofu_checkpoint_rejected_total")
+            x
+            for x in metrics.splitlines()
+            if x.startswith('rofu_checkpoint_rejected_total{reason="unrecorded"}')
         )
         assert float(line.split()[-1]) >= 1
 
@@ -136,7 +138,8 @@ async def test_a_corrupted_bus_copy_falls_back_to_the_durable_one(settings, trai
         run._bus = bad_bus
         run.run_once()  # stores v2 durably, publishes damaged bytes
         await eventually(lambda: _served(app) == 2)
-        assert app.state.runtime.metrics.checkpoint_rejected._value.get() >= 1
+        rejected = app.state.runtime.metrics.checkpoint_rejected.labels("invalid")
+        assert rejected._value.get() >= 1
 
 
 class _TamperingBus:

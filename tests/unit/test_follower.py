@@ -20,9 +20,9 @@ from tests.factories import make_net, make_transitions
 EXPECT = make_net(3, 2, hidden=(4,)).config
 
 
-def _blob(version: int, hidden: tuple[int, ...] = (4,)) -> bytes:
+def _blob(version: int, hidden: tuple[int, ...] = (4,), *, seed: int | None = None) -> bytes:
     net = make_net(3, 2, hidden=hidden)
-    sample = make_transitions(6, 3, 2, seed=version)
+    sample = make_transitions(6, 3, 2, seed=version if seed is None else seed)
     data = RegulariserData(sample, 6, sample.arms.bincount(minlength=2))
     return dump_checkpoint(Checkpoint(version, net.config, net.state_dict(), data))
 
@@ -46,7 +46,7 @@ class FakeRedis:
             raise redis.ConnectionError("redis is down")
         return max(self.copies, default=None)
 
-    def fetch(self, version: int) -> bytes | None:
+    def fetch(self, version: int, max_bytes: int | None = None) -> bytes | None:
         self.fetched.append(version)
         if self.down:
             raise redis.ConnectionError("redis is down")
@@ -84,7 +84,7 @@ def _save(store: CheckpointStore, version: int, blob: bytes) -> None:
 
 
 def _follower(
-    sessions, store, bus: FakeRedis | None = None, *, hash_seed: int = 0
+    sessions, store, bus: FakeRedis | None = None, *, hash_seed: int = 0, max_bytes=None
 ) -> CheckpointFollower:
     return CheckpointFollower(
         sessions,
@@ -95,11 +95,12 @@ def _follower(
         torch.device("cpu"),
         bus,
         hash_seed=hash_seed,
+        max_bytes=max_bytes,
     )
 
 
-def _rejected(follower: CheckpointFollower) -> float:
-    return float(follower._metrics.checkpoint_rejected._value.get())
+def _rejected(follower: CheckpointFollower, reason: str = "invalid") -> float:
+    return float(follower._metrics.checkpoint_rejected.labels(reason)._value.get())
 
 
 def test_model_state_values_are_the_wire_strings() -> None:
@@ -146,7 +147,7 @@ def test_follower_refused_hint_and_redis_copy_fall_back_to_the_store(sessions, s
     follower.sync(hint=(1, _damaged(one)))
     assert follower.serving == 1
     assert (bus.fetched, store.read) == ([1], [1])
-    assert _rejected(follower) == 2
+    assert _rejected(follower) == 1  # the same bytes twice: refused and counted once
 
 
 def test_follower_reads_the_store_when_redis_is_down(sessions, store) -> None:
@@ -254,3 +255,52 @@ def test_follower_keeps_a_newer_copy_it_serves_when_that_version_is_quarantined(
     store.read.clear()
     follower.sync()
     assert (follower.serving, store.read) == (2, [])  # never back to 1, nothing read
+
+
+def test_follower_ignores_a_pointer_the_database_lacks_and_reports_it_once(sessions, store) -> None:
+    one = _blob(1)
+    _save(store, 1, one)
+    bus = FakeRedis({1: one, 1000: _blob(1000)})  # well formed, its own checksum right
+    follower = _follower(sessions, store, bus)
+    follower.sync()
+    follower.sync()
+    assert (follower.serving, bus.fetched) == (1, [1])  # version 1000 never downloaded
+    assert _rejected(follower, "unrecorded") == 1
+    _save(store, 2, _blob(2))
+    follower.sync()
+    assert follower.serving == 2  # the pointer blocks no later real version
+
+
+def test_follower_refuses_a_copy_the_database_does_not_record(sessions, store) -> None:
+    one = _blob(1)
+    _save(store, 1, one)
+    forged = _blob(1, seed=7)  # version 1, other bytes, its own checksum right
+    bus = FakeRedis({1: forged})
+    follower = _follower(sessions, store, bus)
+    follower.sync(hint=(1, forged))
+    assert (follower.serving, follower._holder.current.checksum) == (1, store.checksum(one))
+    assert (bus.fetched, store.read) == ([1], [1])
+    assert _rejected(follower, "mismatch") == 1  # the hint; Redis's same bytes not again
+
+
+def test_follower_refuses_copies_over_the_limit(sessions, store) -> None:
+    one = _blob(1)
+    _save(store, 1, one)
+    bus = FakeRedis({1: one + bytes(len(one))})  # grew between its STRLEN and its GET
+    follower = _follower(sessions, store, bus, max_bytes=len(one))
+    follower.sync(hint=(1, one + b"\0"))
+    assert (follower.serving, store.read) == (1, [1])
+    assert _rejected(follower, "oversized") == 2
+
+
+def test_follower_never_reads_a_refused_checkpoint_again(sessions, store) -> None:
+    other = _blob(1, hidden=(5,))  # another network: every copy is refused
+    _save(store, 1, other)
+    bus = FakeRedis({1: other})
+    follower = _follower(sessions, store, bus)
+    follower.load_initial()
+    for _ in range(3):  # the poll
+        follower.sync()
+    assert (follower.serving, follower.state) == (0, ModelState.REFUSED)
+    assert (bus.fetched, store.read) == ([1], [1])
+    assert _rejected(follower) == 1  # the same bytes in Redis and the store

@@ -1,17 +1,18 @@
 """Checkpoint following: serve the pinned version, else the newest one, verified first.
 
-The pin lives in the database; the newest version is the larger of the Redis pointer and
-the newest stored row, quarantined versions aside. A version's bytes come from the
-caller's hint, then Redis, then the durable store, each read only when the ones before it
-are missing or refused; damaged stored bytes are quarantined (`CheckpointStore.blob`).
-Without a pin the served version never goes back.
+The pin and the newest version live in the database, quarantined versions aside: a Redis
+pointer ahead of it is ignored. A version's bytes come from the caller's hint, then
+Redis, then the durable store, each read only when the ones before it are missing or
+refused, and a hint's or Redis's only when they are the bytes the database records
+(`rofu.service.lifecycle.copies`); damaged stored bytes are quarantined
+(`CheckpointStore.blob`). Without a pin the served version never goes back.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from enum import StrEnum
 
 import redis
@@ -20,15 +21,16 @@ import torch
 from rofu.models import CheckpointError, RewardNetConfig
 from rofu.service.db import quarantine, repository
 from rofu.service.db.engine import SessionFactory
+from rofu.service.db.tables import CheckpointRow
 from rofu.service.deciding.snapshot import Snapshot, SnapshotHolder
 from rofu.service.lifecycle import pinning
 from rofu.service.lifecycle.checkpoint_store import CheckpointStore
+from rofu.service.lifecycle.copies import CheckpointCopies, Copy, Hint
 from rofu.service.lifecycle.redis_bus import RedisBus
 from rofu.service.metrics import ServiceMetrics
 
 log = logging.getLogger("rofu.follower")
 FALLBACK_DEPTH = 10  # older checkpoints tried at start-up when the newest is refused
-Hint = tuple[int, bytes]  # (version, blob) handed over by the in-process bus
 
 
 class ModelState(StrEnum):
@@ -59,6 +61,7 @@ class CheckpointFollower:
         redis_bus: RedisBus | None = None,
         *,
         hash_seed: int,
+        max_bytes: int | None = None,
     ) -> None:
         self.state = ModelState.STARTING
         self._sessions = sessions
@@ -69,6 +72,7 @@ class CheckpointFollower:
         self._hash_seed = hash_seed  # a checkpoint of another feature hash seed is refused
         self._device = device
         self._redis = redis_bus
+        self._copies = CheckpointCopies(store, metrics, redis_bus, max_bytes)
         self._lock = threading.Lock()  # poll, notices, publishes and admin calls
 
     @property
@@ -85,11 +89,12 @@ class CheckpointFollower:
         """
         tried = self.sync()
         if self._holder.current is None and tried and repository.get_pin(self._sessions) is None:
-            for row in repository.list_checkpoints(self._sessions, FALLBACK_DEPTH, before=tried):
-                if row.quarantined_at is None and any(
-                    self.accept(row.version, blob) for blob in self.copies(row.version)
+            with self._lock:
+                for row in repository.list_checkpoints(
+                    self._sessions, FALLBACK_DEPTH, before=tried
                 ):
-                    break
+                    if row.quarantined_at is None and self._serve(row):
+                        break
         if self._holder.current is None:
             newest = repository.latest_checkpoint(self._sessions, with_blob=False)
             self.state = ModelState.COLD_START if newest is None else ModelState.REFUSED
@@ -98,69 +103,71 @@ class CheckpointFollower:
         """Serve the pinned version, else the newest one; returns that version.
 
         Called on every bus notice, by the poll loop, by the in-process bus and by the
-        admin routes. Each copy is verified and a bad one refused, so a corrupted Redis
-        copy falls back to the database's.
+        admin routes. Each copy is vouched for by the database and verified, and a bad
+        one refused, so a corrupted or forged Redis copy falls back to the database's.
         """
         with self._lock:  # one decision at a time: a stale pin read cannot win a race
             pinned = repository.get_pin(self._sessions)
-            target = pinned if pinned is not None else self._newest_version()
+            row = self._newest() if pinned is None else self._stored(pinned)
+            if row is None:
+                return pinned  # nothing (valid) stored: keep serving what is served
             current = self._holder.current
-            if target is None or (current is not None and current.version == target):
-                return target
-            if pinned is None and current is not None and current.version > target:
-                return target  # the newer one served was quarantined since: keep it
-            for blob in self.copies(target, hint):
-                if self.accept(target, blob, only_newer=pinned is None):
-                    break
-            return target
+            if current is not None and current.version == row.version:
+                return row.version
+            if pinned is None and current is not None and current.version > row.version:
+                return row.version  # the newer one served was quarantined since: keep it
+            self._serve(row, hint, only_newer=pinned is None)
+            return row.version
 
-    def _newest_version(self) -> int | None:
-        """The newest valid version: the Redis pointer unless the database has it
-        quarantined, or the newest unquarantined row."""
+    def _stored(self, version: int) -> CheckpointRow | None:
+        """Stored checkpoint `version`'s row (blob not loaded) unless it is quarantined."""
+        row = repository.get_checkpoint(self._sessions, version, with_blob=False)
+        return None if row is None or row.quarantined_at is not None else row
+
+    def _newest(self) -> CheckpointRow | None:
+        """The newest unquarantined row; a Redis pointer ahead of it names a version the
+        database does not hold (forged, or another database's), reported and ignored."""
+        pointer = self._pointer()  # read first: the trainer moves it only after its commit
         row = repository.latest_checkpoint(self._sessions, with_blob=False)
-        stored = None if row is None else row.version
-        pointer = None
-        if self._redis is not None:
-            try:
-                pointer = self._redis.latest_version()
-            except redis.RedisError as exc:
-                log.warning("checkpoint pointer unavailable (%s); using the database", exc)
-        if pointer is None or (stored is not None and pointer <= stored):
-            return stored
-        return stored if quarantine.is_quarantined(self._sessions, pointer) else pointer
+        ahead = pointer is not None and (row is None or pointer > row.version)
+        if ahead and pointer is not None and not quarantine.is_quarantined(self._sessions, pointer):
+            self._copies.report(
+                f"pointer:{pointer}",
+                "unrecorded",
+                f"the Redis pointer names checkpoint {pointer}, which the database does not "
+                "hold: ignored",
+            )
+        return row
 
-    def copies(self, version: int, hint: Hint | None = None) -> Iterator[bytes]:
-        """The copies of `version`'s bytes, best first; each is read only when asked for."""
-        if hint is not None and hint[0] == version:
-            yield hint[1]
-        if self._redis is not None:
-            try:
-                blob = self._redis.fetch(version)
-            except redis.RedisError as exc:
-                log.warning("checkpoint %s unavailable from Redis (%s)", version, exc)
-                blob = None
-            if blob is not None:
-                yield blob
+    def _pointer(self) -> int | None:
+        if self._redis is None:
+            return None
         try:
-            stored = self._store.get(version)
-        except CheckpointError as exc:
-            log.error("stored checkpoint %s unusable: %s", version, exc)
-            self._metrics.checkpoint_rejected.inc()
-            return
-        if stored is not None:
-            yield stored[1]
+            return self._redis.latest_version()
+        except redis.RedisError as exc:
+            log.warning("checkpoint pointer unavailable (%s); using the database", exc)
+        except ValueError as exc:
+            self._copies.report(
+                f"pointer:{exc}", "unrecorded", f"the Redis pointer is no version ({exc}): ignored"
+            )
+        return None
 
-    def accept(self, version: int, blob: bytes, *, only_newer: bool = True) -> bool:
-        """Verify a checkpoint and swap it in; a bad one is refused, logged and counted."""
+    def _serve(
+        self, row: CheckpointRow, hint: Hint | None = None, *, only_newer: bool = True
+    ) -> bool:
+        """Swap in the first copy of stored checkpoint `row` that verifies."""
+        return any(self._accept(copy, only_newer=only_newer) for copy in self._copies.of(row, hint))
+
+    def _accept(self, copy: Copy, *, only_newer: bool) -> bool:
+        """Verify a copy and swap it in; a bad one is refused (`CheckpointCopies.refuse`)."""
         try:
             snapshot = Snapshot.from_blob(
-                blob, self._expect, self._device, hash_seed=self._hash_seed
+                copy.blob, self._expect, self._device, hash_seed=self._hash_seed
             )
-            if snapshot.version != version:
-                raise CheckpointError(f"blob holds version {snapshot.version}, not {version}")
+            if snapshot.version != copy.version:
+                raise CheckpointError(f"blob holds version {snapshot.version}")
         except CheckpointError as exc:
-            log.error("refused checkpoint %s: %s", version, exc)
-            self._metrics.checkpoint_rejected.inc()
+            self._copies.refuse(copy, "invalid", str(exc))
             return False
         if not self._holder.swap(snapshot, only_newer=only_newer):
             return True  # a newer one arrived meanwhile

@@ -7,8 +7,10 @@ The trainer stores each checkpoint durably first, then publishes it here:
     <prefix>:checkpoints            pub/sub channel; a message per new checkpoint or pin
 
 Replicas listen to the channel and poll the pointer as a fallback for missed notices.
-Redis is a fast path, not the source of truth: the database holds every checkpoint and
-the pin, so a replica that finds Redis empty or down falls back to it.
+Redis is a fast path, never trusted: the database holds every checkpoint, its checksum
+and the pin, so a replica serves a copy from Redis only when the database vouches for it
+(`rofu.service.lifecycle.copies`), and falls back to the database's copy when Redis is
+empty, down or wrong.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from collections.abc import Awaitable, Callable
 
 import redis
 import redis.asyncio as aioredis
+
+from rofu.service.lifecycle.checkpoint_store import OversizedCheckpoint
 
 log = logging.getLogger("rofu.bus")
 PIN_NOTICE = "pin"
@@ -65,9 +69,19 @@ class RedisBus:
         value = self._client.get(self.latest_key)
         return None if value is None else int(value)
 
-    def fetch(self, version: int) -> bytes | None:
-        """A version's bytes, or None when Redis no longer holds them."""
-        value = self._client.get(self.key(version))
+    def fetch(self, version: int, max_bytes: int | None = None) -> bytes | None:
+        """A version's bytes, or None when Redis no longer holds them.
+
+        Raises:
+            OversizedCheckpoint: the value is more than `max_bytes` (STRLEN, before it is
+                read); redis.RedisError when Redis is down.
+        """
+        key = self.key(version)
+        if max_bytes is not None:
+            size = int(self._client.strlen(key))
+            if size > max_bytes:
+                raise OversizedCheckpoint(f"checkpoint {version} on Redis", size, max_bytes)
+        value = self._client.get(key)
         if value is None:
             return None
         return value if isinstance(value, bytes) else str(value).encode()
