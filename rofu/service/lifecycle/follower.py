@@ -129,8 +129,9 @@ class CheckpointFollower:
         database does not hold (forged, or another database's), reported and ignored."""
         pointer = self._pointer()  # read first: the trainer moves it only after its commit
         row = repository.latest_checkpoint(self._sessions, with_blob=False)
-        ahead = pointer is not None and (row is None or pointer > row.version)
-        if ahead and pointer is not None and not quarantine.is_quarantined(self._sessions, pointer):
+        if pointer is None or (row is not None and pointer <= row.version):
+            return row
+        if not quarantine.is_quarantined(self._sessions, pointer):
             self._copies.report(
                 f"pointer:{pointer}",
                 "unrecorded",
