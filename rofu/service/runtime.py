@@ -14,7 +14,8 @@ from starlette.concurrency import run_in_threadpool
 from rofu.service import migrate
 from rofu.service.api.security import KeyRing
 from rofu.service.db import faults, repository
-from rofu.service.db.engine import DatabaseLimits, make_engine, session_factory
+from rofu.service.db.engine import DatabaseLimits, make_engine, probe_write, session_factory
+from rofu.service.db.write_health import WriteHealth
 from rofu.service.deciding.batch import DecisionBatch, Pending, Result
 from rofu.service.deciding.batcher import MicroBatcher
 from rofu.service.deciding.catalogue import ARMS_NOTICE, CatalogueCache
@@ -61,6 +62,8 @@ class Runtime:
         )
         for cause in faults.CAUSES:  # every cause exported from the start, at 0
             self.metrics.database_errors.labels(cause)
+        self.writes = WriteHealth()
+        self.writes.watch(self.engine)
         self.sessions = session_factory(self.engine)
         self.catalogue = CatalogueCache(self.sessions, settings.arm_refresh_seconds)
         self.holder = SnapshotHolder()
@@ -191,8 +194,9 @@ class Runtime:
     # Health and shutdown ----------------------------------------------------------------
 
     async def check_database(self) -> faults.DatabaseStatus:
-        """Whether the database takes reads and writes, answered within
-        `readyz_timeout_seconds`. One probe runs at a time: callers meanwhile share it."""
+        """Whether the database takes reads and writes (the probe's, and the process's for
+        the last `readyz_write_failure_seconds`), answered within `readyz_timeout_seconds`.
+        One probe runs at a time: callers meanwhile share it."""
         if self._probe is None or self._probe.done():
             self._probe = asyncio.ensure_future(self._in_thread(self._probe_database))
         bound = self.settings.readyz_timeout_seconds
@@ -204,14 +208,29 @@ class Runtime:
             return status
 
     def _probe_database(self) -> faults.DatabaseStatus:
-        """One readiness probe (blocking): a failure is recorded, a recovery logged."""
+        """One readiness probe (blocking): a failure is recorded, a recovery logged.
+
+        While the process's writes fail, the probe also commits a write: a replica taken
+        out of the load balancer gets no traffic, so only it can see writes work again.
+        """
         status = faults.probe(self.engine)
         if not status.ok:
             self.faults.record(status.cause or "other", status.detail, "the readiness probe")
-        elif self._database_failing:
+        elif self.writes.failure is not None:
+            self._commit_probe()
+            status = self.writes.status(self.settings.readyz_write_failure_seconds)
+        if status.ok and self._database_failing:
             log.info("database takes reads and writes again")
         self._database_failing = not status.ok
         return status
+
+    def _commit_probe(self) -> None:
+        """Commit a write that leaves nothing behind; its outcome reaches `self.writes`."""
+        try:
+            probe_write(self.engine, commit=True)
+        except Exception as exc:
+            if not self.faults.record_exception(exc, "the readiness probe's commit"):
+                log.exception("the readiness probe's commit failed")
 
     async def aclose(self) -> None:
         """Stop loops, the trainer and the batchers; release Redis and the database."""

@@ -133,13 +133,15 @@ class Settings(_ModelSettings):
 
     # Bounded waits on the database (rofu.service.db.engine.DatabaseLimits): past any of them
     # a request gets a 503 with Retry-After. The readiness probe (a read, and a write that
-    # is rolled back) answers within readyz_timeout_seconds.
+    # is rolled back) answers within readyz_timeout_seconds, and fails once the process's
+    # writes have failed for longer than readyz_write_failure_seconds.
     db_pool_timeout_seconds: Annotated[float, Field(gt=0, le=600)] = 5.0
     db_connect_timeout_seconds: Annotated[int, Field(ge=1, le=600)] = 5
     db_statement_timeout_ms: Annotated[int, Field(ge=1, le=3_600_000)] = 5_000
     db_lock_timeout_ms: Annotated[int, Field(ge=1, le=3_600_000)] = 2_000
     sqlite_busy_timeout_ms: Annotated[int, Field(ge=1, le=3_600_000)] = 5_000
     readyz_timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 2.0
+    readyz_write_failure_seconds: Annotated[float, Field(ge=0, le=3600)] = 5.0
     # The longest a /select or /reward waits for its database work, whatever the server
     # does (a frozen one enforces none of the timeouts above): then a 503. The work may
     # still finish; a retry with the same event_id then finds it, never a second copy.

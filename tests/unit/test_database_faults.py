@@ -5,6 +5,7 @@ succeed. The cause labels and the rate-limited log are tested alone first."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import shutil
@@ -195,6 +196,7 @@ async def test_service_locked_sqlite_is_a_503_with_retry_after_then_recovers(
     assert ready.json()["checks"] == {
         "database": "not writable",
         "database_cause": "lock_timeout",
+        "database_detail": "OperationalError: database is locked",
         "model": "cold-start",
     }
     assert errors["lock_timeout"] >= 3  # the two requests and the probe
@@ -280,6 +282,34 @@ async def test_service_read_only_sqlite_is_not_ready_and_writes_are_503(
     _unavailable(rewarded, "read_only")
     assert replayed.json() == made.json()  # a stored decision still reads back
     assert recovered.status_code == 200
+
+
+@pytest.mark.anyio
+async def test_service_readyz_fails_once_writes_fail_past_the_bound_then_recovers_alone(
+    sqlite_settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "rofu.runtime")
+    settings = sqlite_settings.model_copy(update={"readyz_write_failure_seconds": 0.2})
+    async with app_client(settings) as (client, app):
+        # A probe blind to the failure, as its rolled-back write is to a WAL it cannot grow
+        monkeypatch.setattr(faults, "probe", lambda _engine: faults.DatabaseStatus("ok"))
+        pragmas = Pragmas(_runtime(app).engine)
+        pragmas.values["query_only"] = 1
+        refused = await client.post("/v1/select", json={"context": CONTEXT})
+        await asyncio.sleep(0.3)
+        failing = await client.get("/readyz")
+        errors = _database_errors((await client.get("/metrics")).text)
+        pragmas.values["query_only"] = 0
+        recovered = await client.get("/readyz")  # nothing else wrote meanwhile
+    _unavailable(refused, "read_only")
+    assert failing.status_code == 503
+    checks = failing.json()["checks"]
+    assert (checks["database"], checks["database_cause"]) == ("not writable", "read_only")
+    assert checks["database_detail"].startswith("writes failing for ")
+    assert checks["database_detail"].endswith("attempt to write a readonly database")
+    assert errors["read_only"] >= 2  # the request and the probe's commit
+    assert recovered.status_code == 200
+    assert "database takes reads and writes again" in caplog.text
 
 
 @pytest.mark.anyio

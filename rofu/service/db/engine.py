@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, create_engine, event, insert, inspect, text
+from sqlalchemy import Engine, create_engine, delete, event, insert, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
@@ -198,12 +198,14 @@ def ping(engine: Engine) -> None:
         connection.execute(text("select 1"))
 
 
-def probe_write(engine: Engine) -> None:
+def probe_write(engine: Engine, *, commit: bool = False) -> None:
     """Raise unless the tables the API writes take a write; nothing is kept.
 
-    Inserts a decision and its reward and rolls them back. The decision spans several
-    pages, so a database that cannot grow (a full disk, SQLite's max_page_count) fails
-    like a real write; so do a lock held on either table, a read-only file or standby.
+    Inserts a decision and its reward and rolls them back; with `commit`, deletes them
+    and commits instead: a real commit (SQLite appends to its WAL, Postgres flushes its
+    WAL, only at commit) that leaves nothing behind for any reader. The decision spans
+    several pages, so a database that cannot grow (a full disk, SQLite's max_page_count)
+    fails like a real write; so do a lock held on either table, a read-only file or standby.
     """
     event_id = f"rofu-write-probe-{uuid.uuid4().hex}"
     decision = {
@@ -219,11 +221,16 @@ def probe_write(engine: Engine) -> None:
         "scores": [],
         "request_hash": "",
     }
+    reward_id = -1 - secrets.randbelow(2**31 - 1)  # an id: no sequence used
     with engine.connect() as connection:
         transaction = connection.begin()
         try:
             connection.execute(insert(DecisionRow).values(**decision))
-            reward = {"id": -1 - secrets.randbelow(2**31 - 1), "event_id": event_id, "value": 0.0}
-            connection.execute(insert(RewardRow).values(**reward))  # an id: no sequence used
+            connection.execute(insert(RewardRow).values(id=reward_id, event_id=event_id, value=0.0))
+            if commit:
+                connection.execute(delete(RewardRow).where(RewardRow.id == reward_id))
+                connection.execute(delete(DecisionRow).where(DecisionRow.event_id == event_id))
+                transaction.commit()
         finally:
-            transaction.rollback()
+            if transaction.is_active:
+                transaction.rollback()
