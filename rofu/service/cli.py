@@ -112,9 +112,7 @@ def _pin(args: argparse.Namespace) -> int:
     settings = get_settings()
     engine = make_engine(settings.database_url)
     sessions = session_factory(engine)
-    bus = (
-        None if settings.redis_url is None else RedisBus(settings.redis_url, settings.redis_prefix)
-    )
+    bus = None if settings.redis_url is None else RedisBus.of(settings)
     try:
         if args.command == "unpin":
             pinning.unpin(sessions, bus)

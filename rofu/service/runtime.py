@@ -71,11 +71,7 @@ class Runtime:
         self.store = CheckpointStore(
             self.sessions, settings.checkpoint_dir, self.metrics, max_bytes=max_bytes
         )
-        self.redis = (
-            None
-            if settings.redis_url is None
-            else RedisBus(settings.redis_url, prefix=settings.redis_prefix)
-        )
+        self.redis = None if settings.redis_url is None else RedisBus.of(settings)
         self.local_bus = InProcessBus()
         scorer = Scorer(
             self.holder,

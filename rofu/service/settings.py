@@ -73,6 +73,10 @@ class Settings(_ModelSettings):
     database_url: str = "sqlite:///var/rofu.sqlite"
     redis_url: str | None = None
     redis_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:\-]{1,64}$")] = "rofu"
+    # Redis is a fast path (the database holds every checkpoint): each call to it gives up
+    # after this (connecting, sending, each reply); after a timeout, Redis is skipped for
+    # a cool-down.
+    redis_timeout_seconds: Annotated[float, Field(gt=0, le=60)] = 0.5
     checkpoint_dir: Path | None = None
     data_dir: Path | None = None
     host: str = "127.0.0.1"

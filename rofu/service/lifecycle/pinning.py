@@ -6,7 +6,10 @@ replicas apply it at once, and their periodic sync applies it anyway.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+
+import redis
 
 from rofu.models import CheckpointError, RewardNetConfig
 from rofu.service.db import repository
@@ -15,6 +18,8 @@ from rofu.service.deciding.snapshot import load_served
 from rofu.service.errors import Conflict, NotFound
 from rofu.service.lifecycle.checkpoint_store import CheckpointStore
 from rofu.service.lifecycle.redis_bus import PIN_NOTICE, RedisBus
+
+log = logging.getLogger("rofu.bus")
 
 
 def pin(
@@ -44,12 +49,21 @@ def pin(
     except CheckpointError as exc:
         raise Conflict(f"checkpoint {version} fails verification: {exc}", field="version") from exc
     repository.set_pin(sessions, version)
-    if bus is not None:
-        bus.notify(PIN_NOTICE)
+    _announce(bus)
 
 
 def unpin(sessions: SessionFactory, bus: RedisBus | None = None) -> None:
     """Serve the newest checkpoint again."""
     repository.set_pin(sessions, None)
-    if bus is not None:
+    _announce(bus)
+
+
+def _announce(bus: RedisBus | None) -> None:
+    """Tell the replicas now; without the notice (Redis down) they find the stored pin at
+    their next poll."""
+    if bus is None:
+        return
+    try:
         bus.notify(PIN_NOTICE)
+    except redis.RedisError as exc:
+        log.warning("pin notice not sent (%s); replicas will poll for it", exc)

@@ -17,28 +17,116 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 import redis.asyncio as aioredis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+if TYPE_CHECKING:
+    from rofu.service.settings import Settings
 
 from rofu.service.lifecycle.checkpoint_store import OversizedCheckpoint
 
 log = logging.getLogger("rofu.bus")
 PIN_NOTICE = "pin"
+COOLDOWN_S = 5.0  # how long Redis is skipped after a call to it timed out
+T = TypeVar("T")
+
+
+class RedisSkipped(redis.ConnectionError):
+    """Redis was not asked: a call to it timed out less than the cool-down ago."""
+
+
+class Cooldown:
+    """Skips Redis for `seconds` after a call that timed out, so a frozen Redis (or one
+    behind a host that drops packets) costs one timeout per cool-down, not one per call.
+    A refused connection costs nothing and skips nothing: the first call after Redis
+    restarts reaches it.
+
+    Args:
+        seconds: how long to skip Redis after a failure.
+        clock: monotonic seconds (tests pass their own).
+    """
+
+    def __init__(self, seconds: float = COOLDOWN_S, clock: Callable[[], float] = time.monotonic):
+        self._seconds = seconds
+        self._clock = clock
+        self._until = float("-inf")
+        self._reason = ""
+
+    def call(self, work: Callable[[], T]) -> T:
+        """`work()`, unless a call timed out moments ago.
+
+        Raises:
+            RedisSkipped: within the cool-down (a `redis.ConnectionError`).
+        """
+        left = self._until - self._clock()
+        if left > 0:
+            raise RedisSkipped(f"skipped for {left:.1f}s more after: {self._reason}")
+        try:
+            return work()
+        except redis.TimeoutError as exc:
+            self._reason = str(exc) or type(exc).__name__
+            self._until = self._clock() + self._seconds
+            raise
+
+
+class _Client(redis.Redis):
+    """A client whose every command goes through its cool-down."""
+
+    cooldown: Cooldown
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        command = super().execute_command
+        return self.cooldown.call(lambda: command(*args, **options))  # type: ignore[no-untyped-call]
 
 
 class RedisBus:
-    """Publishes checkpoints to Redis and reads them back (blocking calls)."""
+    """Publishes checkpoints to Redis and reads them back (blocking calls).
 
-    def __init__(self, url: str, prefix: str = "rofu", keep: int = 10, timeout_s: float = 5.0):
+    Every call gives up after `timeout_s` (connecting, sending, each reply; never
+    retried), and after a timeout Redis is skipped for `cooldown_s`: the callers fall
+    back to the database, which holds everything Redis does.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        prefix: str = "rofu",
+        keep: int = 10,
+        timeout_s: float = 0.5,
+        cooldown_s: float = COOLDOWN_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.url = url
         self.prefix = prefix
         self.keep = keep
         self.channel = f"{prefix}:checkpoints"
         self._timeout_s = timeout_s
-        self._client = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        self._cooldown = Cooldown(cooldown_s, clock)
+        client = _Client.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),  # a retry would double a frozen Redis's cost
+        )
+        assert isinstance(client, _Client)
+        client.cooldown = self._cooldown
+        self._client = client
+
+    @classmethod
+    def of(cls, settings: Settings) -> RedisBus:
+        """The bus `settings` configure (`redis_url` must be set)."""
+        if settings.redis_url is None:
+            raise ValueError("redis_url is not set")
+        return cls(
+            settings.redis_url,
+            prefix=settings.redis_prefix,
+            timeout_s=settings.redis_timeout_seconds,
         )
 
     def key(self, version: int) -> str:
@@ -58,7 +146,7 @@ class RedisBus:
         pipe.publish(self.channel, str(version))
         if version > self.keep:
             pipe.delete(self.key(version - self.keep))
-        pipe.execute()
+        self._cooldown.call(pipe.execute)
 
     def notify(self, message: str) -> None:
         """Announce something other than a new checkpoint (e.g. a pin change)."""

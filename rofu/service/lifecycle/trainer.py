@@ -388,8 +388,13 @@ class Trainer:
         """Publish a stored checkpoint; a failure is counted, not fatal (it is durable)."""
         try:
             self._bus.publish(version, blob)
-        except Exception:
-            log.exception("publishing checkpoint %s failed; replicas will poll for it", version)
+        except Exception as exc:  # e.g. Redis down: a line per run, no traceback
+            log.warning(
+                "publishing checkpoint %s failed (%s: %s); replicas will poll for it",
+                version,
+                type(exc).__name__,
+                exc,
+            )
             if self._metrics is not None:
                 self._metrics.trainer_publish_failures.inc()
 

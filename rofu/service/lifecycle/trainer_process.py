@@ -1,8 +1,11 @@
 """`rofu trainer`: the trainer as its own process (production).
 
-Start-up waits for the database (and Redis) with retries, then runs the trainer loop
-until SIGTERM/SIGINT, finishing the run in progress. A kill at any moment is safe: a run
-commits its checkpoint and the decisions it consumed in one transaction.
+Start-up waits for the database with retries, then runs the trainer loop until
+SIGTERM/SIGINT, finishing the run in progress. A kill at any moment is safe: a run commits
+its checkpoint and the decisions it consumed in one transaction. Redis is not waited for:
+it is a fast path, and the database the truth. While it is down every checkpoint is still
+stored, replicas find it by polling the database, and the first publish after Redis
+answers again (the next run's) moves them back to the fast path.
 """
 
 from __future__ import annotations
@@ -58,13 +61,12 @@ def _bus(settings: Settings) -> CheckpointBus:
     if settings.redis_url is None:
         log.warning("no redis_url: replicas will find checkpoints by polling the database")
         return NullBus()
-    bus = RedisBus(settings.redis_url, prefix=settings.redis_prefix)
-
-    def answer() -> None:
-        if not bus.ping():
-            raise OSError("no answer to PING")
-
-    retry("Redis", answer, settings.startup_timeout_seconds)
+    bus = RedisBus.of(settings)
+    if not bus.ping():
+        log.warning(
+            "Redis does not answer; training anyway: replicas find checkpoints by polling "
+            "the database until a publish reaches Redis"
+        )
     return bus
 
 
