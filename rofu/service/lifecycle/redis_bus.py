@@ -19,17 +19,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis
 import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from rofu.service.lifecycle.checkpoint_store import OversizedCheckpoint
+
 if TYPE_CHECKING:
     from rofu.service.settings import Settings
-
-from rofu.service.lifecycle.checkpoint_store import OversizedCheckpoint
 
 log = logging.getLogger("rofu.bus")
 PIN_NOTICE = "pin"
@@ -48,7 +48,7 @@ class Cooldown:
     restarts reaches it.
 
     Args:
-        seconds: how long to skip Redis after a failure.
+        seconds: how long to skip Redis after a timeout.
         clock: monotonic seconds (tests pass their own).
     """
 
@@ -108,13 +108,15 @@ class RedisBus:
         self.channel = f"{prefix}:checkpoints"
         self._timeout_s = timeout_s
         self._cooldown = Cooldown(cooldown_s, clock)
-        client = _Client.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),  # a retry would double a frozen Redis's cost
+        client = cast(
+            _Client,
+            _Client.from_url(  # builds a _Client: from_url is a classmethod
+                url,
+                socket_timeout=timeout_s,
+                socket_connect_timeout=timeout_s,
+                retry=Retry(NoBackoff(), 0),  # a retry would double a frozen Redis's cost
+            ),
         )
-        assert isinstance(client, _Client)
         client.cooldown = self._cooldown
         self._client = client
 
