@@ -16,9 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 
-from tests.support import service_process
+from tests.support import service_process, unavailable
 
 BOUND_S = 2.0  # ROFU_READYZ_WRITE_FAILURE_SECONDS in this test
 PATIENCE_S = 30.0  # how long the test waits for /readyz to change (far above BOUND_S)
@@ -40,14 +39,16 @@ def _env(database: Path) -> dict[str, str]:
 
 @contextlib.contextmanager
 def immutable(paths: list[Path]) -> Iterator[None]:
-    """`paths` immutable for the block (skips where `chattr +i` is refused)."""
+    """`paths` immutable for the block (where `chattr +i` is refused: a failure in CI, a
+    skip elsewhere, as `tests.support.unavailable` says)."""
     chattr = shutil.which("chattr")
     if chattr is None:
-        pytest.skip("no chattr to make a file immutable")
+        unavailable("chattr", FileNotFoundError("no chattr to make a file immutable"))
+    assert chattr is not None
     done = subprocess.run([chattr, "+i", *map(str, paths)], capture_output=True, check=False)
     try:
         if done.returncode != 0:
-            pytest.skip(f"cannot make files immutable here: {done.stderr.decode().strip()}")
+            unavailable("chattr +i", PermissionError(done.stderr.decode().strip()))
         yield
     finally:
         subprocess.run([chattr, "-i", *map(str, paths)], capture_output=True, check=False)
