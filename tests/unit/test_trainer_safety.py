@@ -218,3 +218,22 @@ def test_the_sqlite_lease_of_a_gone_process_is_taken_over(sessions):
             session.merge(TrainerLeaseRow(id=1, holder=holder, expires_at=utcnow() + expires))
         with LeaseLock(sessions).hold() as held:
             assert held is taken, holder
+
+
+def test_a_checkpoint_over_the_byte_limit_is_neither_stored_nor_published(
+    sqlite_settings, sessions
+):
+    published: list[int] = []
+    bus = InProcessBus()
+    bus.subscribe(lambda version, _blob: published.append(version))
+    tight = sqlite_settings.model_copy(update={"max_checkpoint_bytes": 1000})
+    trainer = Trainer(tight, sessions, CheckpointStore(sessions), bus)
+    log_decisions(sessions, "big", 5)
+    with pytest.raises(RuntimeError, match=r"over the limit of 1000 .*MAX_CHECKPOINT_BYTES"):
+        trainer.run_once()
+    assert repository.list_checkpoints(sessions) == []
+    assert published == []
+    assert marks(sessions) == {None: 5}  # the rows wait for a run under a limit that fits
+    assert (
+        Trainer(sqlite_settings, sessions, CheckpointStore(sessions), bus).run_once().version == 1
+    )

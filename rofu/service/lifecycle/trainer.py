@@ -364,6 +364,12 @@ class Trainer:
             served_learner=None if family is None else family.served,
         )
         blob = dump_checkpoint(checkpoint)
+        limit = self.settings.checkpoint_byte_limit()
+        if len(blob) > limit:  # replicas would refuse it: store and publish nothing
+            raise RuntimeError(
+                f"checkpoint {run.version} is {len(blob)} bytes, over the limit of {limit} "
+                "replicas read (ROFU_MAX_CHECKPOINT_BYTES); not stored"
+            )
         self._store.save(
             run.version,
             blob,

@@ -80,7 +80,8 @@ def run_trainer(settings: Settings, *, once: bool = False) -> int:
         start_http_server(
             settings.trainer_metrics_port, addr=settings.host, registry=metrics.registry
         )
-    store = CheckpointStore(sessions, settings.checkpoint_dir, metrics)
+    limit = settings.checkpoint_byte_limit()
+    store = CheckpointStore(sessions, settings.checkpoint_dir, metrics, max_bytes=limit)
     trainer = Trainer(settings, sessions, store, _bus(settings), metrics)
     if once:
         report = trainer.run_once()
