@@ -318,6 +318,35 @@ CASES = [
         "features.0",
     ),
     Case("arm-delete-bad-id", "DELETE", "/v1/arms/arm%209", b"", 422, "path.arm_id"),
+    # Invalid Unicode: a lone surrogate (a valid JSON escape), bytes that are not UTF-8.
+    Case(
+        "named-key-surrogate",
+        "POST",
+        "/v1/select",
+        b'{"context": {"user": {"\\ud800": 1}}}',
+        422,
+        "context.user.\\ud800",
+    ),
+    Case(
+        "named-value-surrogate",
+        "POST",
+        "/v1/select",
+        b'{"context": {"city": "Par\\udfffis"}}',
+        422,
+        "context.city",
+    ),
+    Case("event-id-surrogate", "POST", "/v1/reward", b'{"event_id": "\\udc00"}', 422, "event_id"),
+    Case("arm-id-surrogate", "POST", "/v1/arms", b'{"id": "arm-\\ud800"}', 422, "id"),
+    Case(
+        "named-key-latin-1",
+        "POST",
+        "/v1/select",
+        b'{"context": {"caf\xe9": 1}}',
+        422,
+        "context.caf\\xe9",
+    ),
+    Case("body-latin-1", "POST", "/v1/select", b"\xe9t\xe9", 422, "body"),
+    Case("activate-path-not-utf8", "POST", "/v1/events/%ff/activate", b"", 422, "path"),
 ]
 
 
@@ -384,9 +413,10 @@ def test_bad_input_huge_chunked_body_is_413(server: Server) -> None:
     [
         b"[" * 50_000 + b"]" * 50_000,  # nesting deeper than any JSON parser recursion
         b'{"context": [0.1, 0.2, 0.3, 0.4], "event_id": "\xff\xfe"}',  # not UTF-8
+        b'{"context": {"\\ud800": 1}}',  # a lone surrogate (failed hashing it: a 500)
         b"\x00\x01\x02",
     ],
-    ids=["deep-nesting", "invalid-utf8", "binary"],
+    ids=["deep-nesting", "invalid-utf8", "lone-surrogate", "binary"],
 )
 def test_bad_input_unparseable_body_is_a_4xx_without_traceback(server: Server, body: bytes) -> None:
     before = _counts(server.database)

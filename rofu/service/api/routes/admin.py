@@ -6,12 +6,14 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from rofu.service.api.decoding import JsonRoute
 from rofu.service.api.deps import AdminAuth, FollowerDep
 from rofu.service.api.routes import API_PREFIX
 from rofu.service.api.schemas import error_responses
 from rofu.service.lifecycle.follower import CheckpointFollower
 
 router = APIRouter(
+    route_class=JsonRoute,
     prefix=f"{API_PREFIX}/admin",
     tags=["admin"],
     dependencies=[AdminAuth],
@@ -45,7 +47,7 @@ async def get_pin(follower: FollowerDep) -> PinResponse:
     return await _state(follower)
 
 
-@router.put("/pin", response_model=PinResponse, responses=error_responses(400, 404, 409, 415, 422))
+@router.put("/pin", response_model=PinResponse, responses=error_responses(404, 409, 415, 422))
 async def put_pin(body: PinRequest, follower: FollowerDep) -> PinResponse:
     """Roll back: serve this stored checkpoint on every replica until unpinned."""
     await run_in_threadpool(follower.pin, body.version)

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Path
 from starlette.concurrency import run_in_threadpool
 
 from rofu.client.schemas import ARM_ID_PATTERN, ArmRequest, ArmResponse
+from rofu.service.api.decoding import JsonRoute
 from rofu.service.api.deps import (
     AdminAuth,
     CatalogueDep,
@@ -26,7 +27,7 @@ from rofu.service.deciding.catalogue import ARMS_NOTICE, CatalogueCache
 from rofu.service.errors import InvalidInput
 from rofu.service.lifecycle.redis_bus import RedisBus
 
-router = APIRouter(prefix=f"{API_PREFIX}/arms", tags=["arms"])
+router = APIRouter(route_class=JsonRoute, prefix=f"{API_PREFIX}/arms", tags=["arms"])
 ERRORS = error_responses(401, 403, 404, 409, 422, 503)
 ArmPath = Annotated[str, Path(pattern=ARM_ID_PATTERN)]
 log = logging.getLogger("rofu.arms")
@@ -52,7 +53,7 @@ async def list_arms(sessions: SessionsDep) -> list[ArmResponse]:
     "",
     response_model=ArmResponse,
     status_code=201,
-    responses={**ERRORS, **error_responses(400, 415)},  # a body not UTF-8, not JSON
+    responses={**ERRORS, **error_responses(415)},  # a body not sent as JSON
     dependencies=[AdminAuth],
 )
 async def add_arm(

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from rofu.client.schemas import DecisionRecord
+from rofu.service.api.decoding import JsonRoute
 from rofu.service.api.deps import AdminAuth, SessionsDep
 from rofu.service.api.routes import API_PREFIX
 from rofu.service.api.schemas import error_responses
@@ -24,6 +25,7 @@ from rofu.service.log.pages import (
 
 MAX_PAGE = 1000
 router = APIRouter(
+    route_class=JsonRoute,
     prefix=f"{API_PREFIX}/decisions",
     tags=["decisions"],
     dependencies=[AdminAuth],

@@ -7,12 +7,18 @@ from typing import Literal
 from fastapi import APIRouter
 
 from rofu.client.schemas import ActivateResponse
+from rofu.service.api.decoding import JsonRoute
 from rofu.service.api.deps import ClientAuth, MetricsDep, SessionsDep, SettingsDep
 from rofu.service.api.routes import API_PREFIX
 from rofu.service.api.schemas import error_responses
 from rofu.service.rewards.activation import Activation, activate
 
-router = APIRouter(prefix=f"{API_PREFIX}/events", tags=["decisions"], dependencies=[ClientAuth])
+router = APIRouter(
+    route_class=JsonRoute,
+    prefix=f"{API_PREFIX}/events",
+    tags=["decisions"],
+    dependencies=[ClientAuth],
+)
 ERRORS = error_responses(400, 401, 403, 404, 422, 503)
 
 

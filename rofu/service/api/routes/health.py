@@ -5,10 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
+from rofu.service.api.decoding import JsonRoute
 from rofu.service.api.deps import DatabaseCheckDep, FollowerDep
 from rofu.service.api.schemas import HealthResponse
 
-router = APIRouter(tags=["health"])
+router = APIRouter(route_class=JsonRoute, tags=["health"])
 
 
 @router.get("/healthz", response_model=HealthResponse)

@@ -5,9 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from rofu.service.api.decoding import JsonRoute
 from rofu.service.api.deps import MetricsDep
 
-router = APIRouter(tags=["health"])
+router = APIRouter(route_class=JsonRoute, tags=["health"])
 
 
 @router.get("/metrics", response_class=Response)

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from rofu.client.schemas import CheckpointInfo, LearnerInfo, ModelResponse, TrainingInfo
+from rofu.service.api.decoding import JsonRoute
 from rofu.service.api.deps import ClientAuth, SessionsDep, SettingsDep, SnapshotDep
 from rofu.service.api.routes import API_PREFIX
 from rofu.service.api.schemas import error_responses
@@ -19,6 +20,7 @@ from rofu.service.settings import Settings
 
 MAX_PAGE = 500
 router = APIRouter(
+    route_class=JsonRoute,
     prefix=f"{API_PREFIX}/model",
     tags=["model"],
     dependencies=[ClientAuth],

@@ -15,6 +15,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Response
 
 from rofu.client.schemas import EVENT_ID_PATTERN
+from rofu.service.api.decoding import JsonRoute
 from rofu.service.api.deps import (
     BatcherDep,
     MetricsDep,
@@ -32,7 +33,9 @@ from rofu.service.personalizer.schemas import (
     RankResponse,
 )
 
-router = APIRouter(prefix=PREFIX, tags=["personalizer"], dependencies=[SubscriberAuth])
+router = APIRouter(
+    route_class=JsonRoute, prefix=PREFIX, tags=["personalizer"], dependencies=[SubscriberAuth]
+)
 EventId = Annotated[
     str,
     Path(

@@ -5,13 +5,16 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from rofu.client.schemas import RewardRequest, RewardResponse
+from rofu.service.api.decoding import JsonRoute
 from rofu.service.api.deps import ClientAuth, MetricsDep, RewardBatcherDep, SettingsDep
 from rofu.service.api.routes import API_PREFIX
 from rofu.service.api.schemas import error_responses
 from rofu.service.rewards.record import record_reward
 
-router = APIRouter(prefix=API_PREFIX, tags=["decisions"], dependencies=[ClientAuth])
-ERRORS = error_responses(400, 401, 403, 404, 409, 413, 415, 422, 503)
+router = APIRouter(
+    route_class=JsonRoute, prefix=API_PREFIX, tags=["decisions"], dependencies=[ClientAuth]
+)
+ERRORS = error_responses(401, 403, 404, 409, 413, 415, 422, 503)
 
 
 @router.post("/reward", response_model=RewardResponse, responses=ERRORS)
