@@ -137,12 +137,13 @@ async def test_api_never_echoes_or_logs_a_key(keyed, caplog):
 @pytest.mark.parametrize("docs", ["key", "off"])
 async def test_docs_need_a_key_or_are_off(keyed, docs):
     async with app_client(keyed.model_copy(update={"docs": docs})) as (client, _):
-        for path in ("/docs", "/redoc"):
-            assert (await client.get(path)).status_code == 404
+        for path in ("/docs", "/redoc"):  # not served: a 404, for a caller with a key
+            assert (await client.get(path)).status_code == 401
+            assert (await client.get(path, headers=_bearer(CLIENT))).status_code == 404
         anonymous = await client.get("/openapi.json")
         keyed_call = await client.get("/openapi.json", headers=_bearer(CLIENT))
         if docs == "off":
-            assert (anonymous.status_code, keyed_call.status_code) == (404, 404)
+            assert (anonymous.status_code, keyed_call.status_code) == (401, 404)
         else:
             assert anonymous.status_code == 401
             assert keyed_call.status_code == 200
@@ -169,3 +170,98 @@ def test_production_serves_the_schema_only_with_a_key(keyed):
     paths = {getattr(route, "path", "") for route in create_app(production).routes}
     assert "/openapi.json" in paths
     assert not {"/docs", "/redoc"} & paths
+
+
+LIMIT = 512  # ROFU_MAX_BODY_BYTES of the ordering tests
+PREFIX = "/personalizer/v1.0"
+SUBSCRIPTION = "Ocp-Apim-Subscription-Key"
+JSON = {"content-type": "application/json"}
+MALFORMED = [b'{"context": [0.1,', b'{"context": {"\\ud800": 1}}', b"\xe9t\xe9", b'{"stray": 1}']
+
+
+def _count(app, table: str) -> int:
+    with app.state.runtime.engine.connect() as connection:
+        return connection.execute(text(f"select count(*) from {table}")).scalar_one()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("path", ["/v1/select", "/v1/reward", "/v1/arms", f"{PREFIX}/rank"])
+async def test_api_refuses_an_anonymous_malformed_body_with_401(keyed, path):
+    """Without a key the answer is a 401 whatever the body: it does not teach the schema."""
+    async with app_client(keyed) as (client, app):
+        for body in MALFORMED:
+            for headers in ({}, _bearer("wrong-key-123456789"), {SUBSCRIPTION: "nope"}):
+                response = await client.post(path, content=body, headers=JSON | headers)
+                assert response.status_code == 401, (body, headers, response.text)
+                assert response.headers["www-authenticate"] == "Bearer"
+        keyed_call = await client.post(path, content=MALFORMED[0], headers=JSON | _bearer(ADMIN))
+        assert keyed_call.status_code == (400 if path.startswith(PREFIX) else 422)
+        assert _count(app, "decisions") == 0
+
+
+@pytest.mark.anyio
+async def test_api_refuses_an_anonymous_oversized_body_with_401_before_reading_it(keyed):
+    read: list[bytes] = []
+
+    async def streamed():  # no Content-Length: the body limit would have to read it
+        for _ in range(4):
+            read.append(b"x")
+            yield b"x" * LIMIT
+
+    settings = keyed.model_copy(update={"max_body_bytes": LIMIT})
+    async with app_client(settings) as (client, _):
+        for path in ("/v1/select", f"{PREFIX}/rank"):
+            declared = await client.post(path, content=b"x" * (LIMIT + 1), headers=JSON)
+            chunked = await client.post(path, content=streamed(), headers=JSON)
+            assert (declared.status_code, chunked.status_code) == (401, 401), path
+            assert not read  # refused before a byte of the body was read
+            keyed_call = await client.post(
+                path, content=b"x" * (LIMIT + 1), headers=JSON | {"X-API-Key": CLIENT}
+            )
+            keyed_stream = await client.post(path, content=streamed(), headers=_bearer(CLIENT))
+            assert (keyed_call.status_code, keyed_stream.status_code) == (413, 413), path
+            read.clear()
+
+
+@pytest.mark.anyio
+async def test_api_401s_keep_each_error_shape(keyed):
+    async with app_client(keyed) as (client, _):
+        v1 = await client.post("/v1/select", content=b"{", headers=JSON)
+        facade = await client.post(f"{PREFIX}/rank", content=b"{", headers=JSON)
+        unknown = await client.get("/v1/nothing-here")
+        known_to_a_key = await client.get("/v1/nothing-here", headers=_bearer(CLIENT))
+    assert v1.json() == {
+        "error": {
+            "code": "unauthorized",
+            "message": "an API key is required: send `Authorization: Bearer <key>`",
+            "field": None,
+        }
+    }
+    error = facade.json()["error"]
+    assert error["innerError"] == {"code": "unauthorized"}
+    assert SUBSCRIPTION in error["message"]
+    # an anonymous caller does not learn which paths exist
+    assert (unknown.status_code, known_to_a_key.status_code) == (401, 404)
+
+
+@pytest.mark.anyio
+async def test_api_checks_roles_after_authentication(keyed):
+    """The order changed, not the roles: a client key on an admin call is still a 403."""
+    async with app_client(keyed) as (client, _):
+        anonymous = await client.put("/v1/admin/pin", content=b"{", headers=JSON)
+        client_key = await client.put("/v1/admin/pin", json={"version": 1}, headers=_bearer(CLIENT))
+        admin_key = await client.put("/v1/admin/pin", content=b"{", headers=JSON | _bearer(ADMIN))
+    assert (anonymous.status_code, client_key.status_code, admin_key.status_code) == (
+        401,
+        403,
+        422,
+    )
+
+
+@pytest.mark.anyio
+async def test_api_open_paths_need_no_key_with_any_body(keyed):
+    async with app_client(keyed) as (client, _):
+        for path in ("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/redoc"):
+            assert (await client.get(path)).status_code == 200, path
+        assert (await client.get("/docs-assets/swagger-ui.css")).status_code == 200
+        assert (await client.post("/healthz", content=b"\xff")).status_code == 405

@@ -13,12 +13,17 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 
 from rofu.service.api.deps import ClientAuth
-from rofu.service.api.middleware import BodyLimitMiddleware, MetricsMiddleware
+from rofu.service.api.middleware import (
+    AuthenticationMiddleware,
+    BodyLimitMiddleware,
+    MetricsMiddleware,
+)
 from rofu.service.api.routes import (
     admin,
     arms,
@@ -88,12 +93,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if docs == "key":
         _keyed_schema(app)
     _install_error_handlers(app, runtime.faults)
+    # the last added runs first: metrics, then keys (401), then the body limit (413)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(AuthenticationMiddleware, keys=runtime.keys, public=_public_paths(docs))
     app.add_middleware(MetricsMiddleware, metrics=runtime.metrics)
     return app
 
 
 DOCS_ASSETS = "/docs-assets"
+
+
+def _public_paths(docs: str) -> frozenset[str]:
+    """What needs no key: the probes and metrics, and the docs when `ROFU_DOCS` is open
+    (`/docs-assets/` is a prefix)."""
+    probes = (route for router in (health.router, metrics.router) for route in router.routes)
+    public = {route.path for route in probes if isinstance(route, APIRoute)}
+    if docs == "open":
+        public |= {"/docs", "/redoc", "/openapi.json", f"{DOCS_ASSETS}/"}
+    return frozenset(public)
 
 
 def _offline_docs(app: FastAPI) -> None:

@@ -14,7 +14,12 @@ from typing import Annotated
 from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
-from rofu.service.api.security import KEY_HEADERS, KeyRing, authorise
+from rofu.service.api.security import (
+    SUBSCRIBER_KEY_HEADERS,
+    SUBSCRIPTION_KEY_HEADER,
+    KeyRing,
+    authorise,
+)
 from rofu.service.db.engine import SessionFactory
 from rofu.service.db.faults import DatabaseStatus
 from rofu.service.deciding.batch import Pending, Result
@@ -113,7 +118,6 @@ Bearer = Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
 
 
 #: Personalizer's key header, declared for the Personalizer-compatible facade's routes.
-SUBSCRIPTION_KEY_HEADER = "Ocp-Apim-Subscription-Key"
 SUBSCRIPTION_KEY = APIKeyHeader(
     name=SUBSCRIPTION_KEY_HEADER,
     auto_error=False,
@@ -138,7 +142,7 @@ async def require_subscriber(
     request: Request, keys: KeysDep, _: Bearer, __: SubscriptionKey
 ) -> None:
     """A client (or admin) API key as a bearer token or in Personalizer's header."""
-    authorise(keys, request, admin=False, headers=(SUBSCRIPTION_KEY_HEADER, *KEY_HEADERS))
+    authorise(keys, request, admin=False, headers=SUBSCRIBER_KEY_HEADERS)
 
 
 ClientAuth = Depends(require_client)

@@ -1,14 +1,60 @@
-"""Raw ASGI middleware: a request body limit and per-route Prometheus metrics."""
+"""Raw ASGI middleware: authentication, a request body limit and per-route Prometheus
+metrics.
+
+They run in that order, inside the metrics, before the app reads anything: a request
+without a valid key is a 401 whatever its body, then a body over the limit is a 413; only
+then do the routes check the content type (415) and the body (422).
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 
+from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rofu.service.errors import PayloadTooLarge
+from rofu.service.api.security import KEY_HEADERS, SUBSCRIBER_KEY_HEADERS, KeyRing, authorise
+from rofu.service.errors import PayloadTooLarge, ServiceError, Unauthorized
 from rofu.service.metrics import ServiceMetrics
 from rofu.service.personalizer.schemas import is_facade, reshape
+
+
+async def _refuse(error: ServiceError, scope: Scope, receive: Receive, send: Send) -> None:
+    """Answer `error` without the app, in the facade's error shape on the facade's paths."""
+    response = error.response()
+    if is_facade(scope["path"]):
+        response = reshape(response)
+    await response(scope, receive, send)
+
+
+class AuthenticationMiddleware:
+    """Refuse a request without a valid API key with 401 before its body is read.
+
+    With keys configured, every path needs a client or admin key but the `public` ones (an
+    entry ending in `/` is a prefix): an unknown path too, so an anonymous caller learns
+    neither the paths nor the schema. Whether the key's role may call the route (403) is
+    the route's dependencies' to say.
+    """
+
+    def __init__(self, app: ASGIApp, keys: KeyRing, public: Collection[str]) -> None:
+        self.app = app
+        self.keys = keys
+        self.exact = frozenset(path for path in public if not path.endswith("/"))
+        self.prefixes = tuple(path for path in public if path.endswith("/"))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self.keys.open and not self._public(scope["path"]):
+            headers = SUBSCRIBER_KEY_HEADERS if is_facade(scope["path"]) else KEY_HEADERS
+            try:
+                authorise(self.keys, HTTPConnection(scope), admin=False, headers=headers)
+            except Unauthorized as exc:
+                await _refuse(exc, scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _public(self, path: str) -> bool:
+        return path in self.exact or path.startswith(self.prefixes)
 
 
 class BodyLimitMiddleware:
@@ -24,7 +70,7 @@ class BodyLimitMiddleware:
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(scope, receive, send)
+            await _refuse(self._too_large(), scope, receive, send)
             return
         body, size, more = [], 0, True
         while more:
@@ -34,7 +80,7 @@ class BodyLimitMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                await self._refuse(scope, receive, send)
+                await _refuse(self._too_large(), scope, receive, send)
                 return
             body.append(chunk)
             more = message.get("more_body", False)
@@ -49,11 +95,8 @@ class BodyLimitMiddleware:
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = PayloadTooLarge(f"request body exceeds {self.max_bytes} bytes").response()
-        if is_facade(scope["path"]):  # the Personalizer-compatible facade's error shape
-            response = reshape(response)
-        await response(scope, receive, send)
+    def _too_large(self) -> PayloadTooLarge:
+        return PayloadTooLarge(f"request body exceeds {self.max_bytes} bytes")
 
 
 class MetricsMiddleware:

@@ -2,7 +2,9 @@
 
 Client keys may call /select, /reward and the read-only endpoints; admin keys may call
 everything, including catalogue changes and /admin. /healthz, /readyz and /metrics stay
-open for probes and scrapers. Keys arrive as `Authorization: Bearer <key>` (or
+open for probes and scrapers. A request without a valid key is refused before its body is
+read (`rofu.service.api.middleware.AuthenticationMiddleware`); the routes' dependencies
+(`rofu.service.api.deps`) check the role. Keys arrive as `Authorization: Bearer <key>` (or
 `X-API-Key: <key>`; the Personalizer-compatible facade also reads Personalizer's
 `Ocp-Apim-Subscription-Key: <key>`), are kept only as SHA-256 digests and compared in
 constant time, and are never logged. With no keys configured (the embedded default) every
@@ -19,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastapi import Request
+from starlette.requests import HTTPConnection
 
 from rofu.service.errors import Forbidden, Unauthorized
 from rofu.service.settings import Settings
@@ -28,6 +30,10 @@ log = logging.getLogger("rofu.security")
 MIN_PRODUCTION_KEY_LENGTH = 16
 #: Headers a key may come in besides `Authorization: Bearer`, in the order they are read.
 KEY_HEADERS = ("X-API-Key",)
+#: Personalizer's key header, read on the Personalizer-compatible facade's routes.
+SUBSCRIPTION_KEY_HEADER = "Ocp-Apim-Subscription-Key"
+#: The headers a facade route reads a key from besides `Authorization: Bearer`.
+SUBSCRIBER_KEY_HEADERS = (SUBSCRIPTION_KEY_HEADER, *KEY_HEADERS)
 
 
 def _digest(key: str) -> bytes:
@@ -91,7 +97,7 @@ class KeyRing:
         return "admin" if is_admin else "client" if is_client else None
 
 
-def presented_key(request: Request, headers: Sequence[str] = KEY_HEADERS) -> str | None:
+def presented_key(request: HTTPConnection, headers: Sequence[str] = KEY_HEADERS) -> str | None:
     """The key a request carries, if any: its bearer token, else the first of `headers`."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
@@ -101,7 +107,7 @@ def presented_key(request: Request, headers: Sequence[str] = KEY_HEADERS) -> str
 
 
 def authorise(
-    keys: KeyRing, request: Request, *, admin: bool, headers: Sequence[str] = KEY_HEADERS
+    keys: KeyRing, request: HTTPConnection, *, admin: bool, headers: Sequence[str] = KEY_HEADERS
 ) -> None:
     """Raise Unauthorized (401) or Forbidden (403) unless the request may go on; the key
     is read from `Authorization: Bearer`, else from the first of `headers` present."""
