@@ -18,6 +18,7 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 
+from rofu.service.api.decoding import is_json
 from rofu.service.api.deps import ClientAuth
 from rofu.service.api.middleware import (
     AuthenticationMiddleware,
@@ -168,12 +169,6 @@ def _allowed_methods(request: Request) -> str | None:
 JSON = "application/json"
 
 
-def _is_json(content_type: str) -> bool:
-    """Whether a content-type is one FastAPI reads as JSON (`application/json`, `+json`)."""
-    media = content_type.partition(";")[0].strip().lower()
-    return media == JSON or (media.startswith("application/") and media.endswith("+json"))
-
-
 def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
     """The request validation's error: a 415 for a body not sent as JSON, else a 422
     (`InvalidInput`) naming the first invalid field, a missing body or the JSON error."""
@@ -201,7 +196,7 @@ def _body_error(errors: Sequence[Any], content_type: str) -> ServiceError | None
     if whole.get("type") == "missing":
         message = f"body: required: send a JSON object with content-type {JSON}"
         return InvalidInput(message, field="body")
-    if _is_json(content_type):
+    if is_json(content_type):
         return None  # JSON, but not an object: the field's own error
     got = repr(content_type) if content_type else "none"
     message = f"body: the content-type must be {JSON} (got {got})"
