@@ -265,3 +265,25 @@ async def test_api_open_paths_need_no_key_with_any_body(keyed):
             assert (await client.get(path)).status_code == 200, path
         assert (await client.get("/docs-assets/swagger-ui.css")).status_code == 200
         assert (await client.post("/healthz", content=b"\xff")).status_code == 405
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("path", ["/v1/select", f"{PREFIX}/rank"])
+async def test_api_answers_the_first_fault_in_order(keyed, path):
+    """401, then 413, then 415, then the body's own error: each fault removed in turn."""
+    settings = keyed.model_copy(update={"max_body_bytes": LIMIT})
+    bad = b'{"context": {"\\ud800": 1}, "x": "\xe9"}'
+    text_plain = {"content-type": "text/plain"}
+    async with app_client(settings) as (client, app):
+        steps = [
+            (bad + b" " * LIMIT, text_plain),
+            (bad + b" " * LIMIT, text_plain | _bearer(CLIENT)),
+            (bad, text_plain | _bearer(CLIENT)),
+            (bad, JSON | _bearer(CLIENT)),
+        ]
+        statuses = [
+            (await client.post(path, content=body, headers=headers)).status_code
+            for body, headers in steps
+        ]
+        assert _count(app, "decisions") == 0
+    assert statuses == [401, 413, 415, 400 if path.startswith(PREFIX) else 422]
