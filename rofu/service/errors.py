@@ -15,7 +15,8 @@ ServiceError (500)
     └── BatcherClosed           the process is shutting down and takes no more decisions
 
 `ServiceError.response()` is the HTTP answer: `rofu.service.api.app` returns it from one exception
-handler, and the body-limit middleware (which runs before the app) sends it itself.
+handler, and the authentication and body-limit middleware (which run before the app) send
+it themselves.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ def decode_json(body: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise _not_utf8(body, exc) from exc
     value = _loads(text)
-    if _SURROGATE_ESCAPE.search(text):  # text decoded as UTF-8 gets a surrogate only so
+    if _SURROGATE_ESCAPE.search(text):  # UTF-8 text holds a surrogate only from an escape
         found = _first_invalid(value)
         if found is not None:
             raise _invalid_string(*found, raw=False)

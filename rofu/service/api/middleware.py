@@ -1,9 +1,8 @@
-"""Raw ASGI middleware: authentication, a request body limit and per-route Prometheus
-metrics.
+"""Raw ASGI middleware: per-route Prometheus metrics, authentication, a request body limit.
 
-They run in that order, inside the metrics, before the app reads anything: a request
-without a valid key is a 401 whatever its body, then a body over the limit is a 413; only
-then do the routes check the content type (415) and the body (422).
+They run in that order, before the app reads anything: the metrics count every answer, a
+request without a valid key is a 401 whatever its body, then a body over the limit is a
+413; only then do the routes check the content type (415) and the body (422).
 """
 
 from __future__ import annotations
