@@ -15,13 +15,12 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
-import pytest
 
 from rofu.models import load_checkpoint
 from rofu.service import migrate
@@ -43,21 +42,6 @@ from tests.support import free_port, require_postgres, require_redis, service_pr
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 SLOWEST_S = 10.0  # a generous bound on one request, on a loaded shared machine
-
-
-@pytest.fixture
-def logs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
-    """Log files of the processes a test starts; their tails are printed at teardown."""
-    paths: list[Path] = []
-
-    def log(name: str) -> Path:
-        paths.append(tmp_path / f"{name}.log")
-        return paths[-1]
-
-    yield log
-    for path in paths:
-        if path.exists():
-            print(f"----- {path.name} (tail) -----\n{path.read_text(errors='replace')[-4000:]}")
 
 
 class Store:

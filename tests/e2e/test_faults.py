@@ -49,7 +49,6 @@ from tests.support import (
     ROOT,
     free_port,
     private_redis,
-    require_postgres,
     require_redis,
     reset_postgres,
     seed_checkpoint,
@@ -183,30 +182,6 @@ def scratch_database(server_url: str) -> Iterator[str]:
     finally:
         with psycopg.connect(plain, autocommit=True, connect_timeout=5) as admin:
             admin.execute(f'drop database if exists "{name}" with (force)')
-
-
-@pytest.fixture
-def database() -> Iterator[str]:
-    """A fresh, migrated database on the shared test server."""
-    with scratch_database(require_postgres()) as url:
-        migrate.upgrade(url)
-        yield url
-
-
-@pytest.fixture
-def logs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
-    """Log files for the processes a test starts; their tails are printed at teardown,
-    which pytest shows when the test fails."""
-    paths: list[Path] = []
-
-    def log(name: str) -> Path:
-        paths.append(tmp_path / f"{name}.log")
-        return paths[-1]
-
-    yield log
-    for path in paths:
-        if path.exists():
-            print(f"----- {path.name} (tail) -----\n{path.read_text(errors='replace')[-4000:]}")
 
 
 # A private Postgres cluster -------------------------------------------------------------

@@ -19,11 +19,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from rofu.service import migrate
 from tests.e2e.test_faults import (
     ADMIN_KEY,
     AUTH,
@@ -32,38 +30,14 @@ from tests.e2e.test_faults import (
     model,
     newest_stored,
     running_client,
-    scratch_database,
     service_env,
     trainer_process,
     wait_for,
 )
-from tests.support import free_port, private_redis, require_postgres, service_process
+from tests.support import free_port, private_redis, service_process
 
 BOUND_S = 2.0  # the longest a call may wait on a frozen Redis: several times its timeout
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
-
-
-@pytest.fixture
-def database() -> Iterator[str]:
-    """A fresh, migrated database on the shared test server."""
-    with scratch_database(require_postgres()) as url:
-        migrate.upgrade(url)
-        yield url
-
-
-@pytest.fixture
-def logs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
-    """Log files of the processes a test starts; their tails are printed at teardown."""
-    paths: list[Path] = []
-
-    def log(name: str) -> Path:
-        paths.append(tmp_path / f"{name}.log")
-        return paths[-1]
-
-    yield log
-    for path in paths:
-        if path.exists():
-            print(f"----- {path.name} (tail) -----\n{path.read_text(errors='replace')[-4000:]}")
 
 
 def redis_pointer(url: str, prefix: str) -> int | None:
