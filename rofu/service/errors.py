@@ -12,7 +12,9 @@ ServiceError (500)
 ├── Forbidden (403)             a valid key without the needed role
 └── Unavailable (503)           a dependency (database) is down, full, read-only or timed
     │                           out; carries Retry-After and, from the database, its cause
-    └── BatcherClosed           the process is shutting down and takes no more decisions
+    ├── BatcherClosed           the process is shutting down and takes no more decisions
+    └── Overloaded              the replica's /select queue is full (`overloaded`): refused
+                                at once, never queued
 
 `ServiceError.response()` is the HTTP answer: `rofu.service.api.app` returns it from one exception
 handler, and the authentication and body-limit middleware (which run before the app) send
@@ -133,3 +135,17 @@ class BatcherClosed(Unavailable):
 
     def __init__(self, message: str = "the service is shutting down") -> None:
         super().__init__(message, retry_after=1)
+
+
+class Overloaded(Unavailable):
+    """The replica already holds `limit` /select requests (ROFU_SELECT_QUEUE_MAX): this one
+    is refused at once instead of queueing behind them (503)."""
+
+    code = "overloaded"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"the service is at capacity: {limit} requests already wait to be decided "
+            "(ROFU_SELECT_QUEUE_MAX); retry after Retry-After seconds with the same event_id",
+            retry_after=1,
+        )

@@ -1,4 +1,5 @@
-"""The micro-batcher alone: flushing, result routing, errors, cancellation and shutdown.
+"""The micro-batcher alone: flushing, result routing, errors, cancellation, its bound and
+shutdown.
 
 Every wait is bounded by `anyio.fail_after` only as a guard against hangs (a batch that
 never flushes); no test asserts how long anything took.
@@ -15,7 +16,7 @@ import anyio
 import pytest
 
 from rofu.service.deciding.batcher import MicroBatcher
-from rofu.service.errors import BatcherClosed
+from rofu.service.errors import BatcherClosed, Overloaded
 
 HANG_GUARD_S = 20  # fail instead of hanging when a batch never flushes
 FOREVER_S = 120.0  # a max_wait no test reaches: only size or aclose() can flush
@@ -273,9 +274,102 @@ async def test_batcher_reports_each_batch_size() -> None:
     assert sizes == [len(batch) for batch in handler.batches]
 
 
+class Held:
+    """A handler that blocks in the worker thread until `release` is set."""
+
+    def __init__(self) -> None:
+        self.started, self.release = threading.Event(), threading.Event()
+        self.batches: list[list[int]] = []
+
+    def __call__(self, items: list[int]) -> list[int]:
+        self.batches.append(list(items))
+        self.started.set()
+        self.release.wait(HANG_GUARD_S)
+        return [item * 10 for item in items]
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    while not check():
+        await asyncio.sleep(0.001)
+
+
+@pytest.mark.anyio
+async def test_batcher_refuses_past_max_pending_at_once_while_its_batch_is_held() -> None:
+    handler, sheds = Held(), []
+    batcher = MicroBatcher(
+        handler, max_size=2, max_wait_s=0.0, max_pending=3, on_shed=lambda: sheds.append(1)
+    )
+    try:
+        with anyio.fail_after(HANG_GUARD_S + 5):
+            first = asyncio.create_task(batcher.submit(1))
+            await _until(handler.started.is_set)  # [1] is being handled and held
+            queued = [asyncio.create_task(batcher.submit(i)) for i in (2, 3)]
+            await _settle()
+            assert batcher.pending == 3  # one in the held batch, two queued
+            for item in (4, 5):
+                with pytest.raises(Overloaded, match="3 requests already wait") as refused:
+                    await batcher.submit(item)
+                assert refused.value.status_code == 503
+                assert refused.value.retry_after == 1
+            assert not handler.release.is_set()  # refused while the batch was still held
+            assert sheds == [1, 1]
+            handler.release.set()
+            assert await asyncio.gather(first, *queued) == [10, 20, 30]
+            assert batcher.pending == 0
+            assert await batcher.submit(6) == 60  # room again
+    finally:
+        handler.release.set()
+        await batcher.aclose()
+    assert handler.batches == [[1], [2, 3], [6]]  # the refused items never reached it
+    assert batcher.pending == 0
+
+
+@pytest.mark.anyio
+async def test_batcher_counts_a_given_up_item_until_it_reaches_it() -> None:
+    handler = Held()
+    batcher = MicroBatcher(handler, max_size=2, max_wait_s=0.0, max_pending=2)
+    try:
+        with anyio.fail_after(HANG_GUARD_S + 5):
+            first = asyncio.create_task(batcher.submit(1))
+            await _until(handler.started.is_set)
+            gone = asyncio.create_task(batcher.submit(2))
+            await _settle()
+            gone.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await gone
+            assert batcher.pending == 2  # still queued: the batcher has not reached it
+            with pytest.raises(Overloaded):
+                await batcher.submit(3)
+            handler.release.set()
+            assert await first == 10
+            await _until(lambda: batcher.pending == 0)  # skipped, then counted out
+    finally:
+        handler.release.set()
+        await batcher.aclose()
+    assert handler.batches == [[1]]
+
+
+@pytest.mark.anyio
+async def test_batcher_counts_a_failed_batch_out() -> None:
+    def failing(items: list[int]) -> list[int]:
+        raise RuntimeError("scoring failed")
+
+    batcher = MicroBatcher(failing, max_size=4, max_wait_s=0.0, max_pending=1)
+    try:
+        with anyio.fail_after(HANG_GUARD_S):
+            for _ in range(3):  # each failure frees its place for the next
+                with pytest.raises(RuntimeError, match="scoring failed"):
+                    await batcher.submit(1)
+                assert batcher.pending == 0
+    finally:
+        await batcher.aclose()
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
+        ({"max_size": 4, "max_wait_s": 0.01, "max_pending": 0}, "max_pending"),
+        ({"max_size": 4, "max_wait_s": 0.01, "max_pending": -1}, "max_pending"),
         ({"max_size": 0, "max_wait_s": 0.01}, "max_size"),
         ({"max_size": -3, "max_wait_s": 0.01}, "max_size"),
         ({"max_size": 4, "max_wait_s": -0.5}, "max_wait_s"),

@@ -12,6 +12,7 @@ from sqlalchemy import text
 
 from rofu.service.errors import (
     BatcherClosed,
+    Overloaded,
     PayloadTooLarge,
     ServiceError,
     Unauthorized,
@@ -44,6 +45,17 @@ def test_errors_batcher_closed_is_an_unavailable_service_error() -> None:
     response = error.response()
     assert (response.status_code, response.headers["retry-after"]) == (503, "1")
     assert json.loads(response.body) == {"error": SHUTTING_DOWN}
+
+
+def test_errors_overloaded_is_an_unavailable_error_of_its_own_code() -> None:
+    error = Overloaded(256)
+    assert isinstance(error, Unavailable)
+    assert error.cause is None  # not a database failure: never counted or logged as one
+    response = error.response()
+    assert (response.status_code, response.headers["retry-after"]) == (503, "1")
+    body = json.loads(response.body)["error"]
+    assert (body["code"], body["field"]) == ("overloaded", None)
+    assert "256 requests already wait" in body["message"]
 
 
 @pytest.mark.anyio

@@ -4,6 +4,11 @@ Like Ray Serve's `_BatchQueue`: an asyncio queue, one future per item, flush whe
 `max_size` items wait or `max_wait_s` passed since the first, the handler runs off the
 event loop (in one worker thread, so batches never overlap), its error reaches every
 waiter of that batch, and `aclose()` finishes what was queued before stopping.
+
+With `max_pending`, it holds at most that many items: one more is refused at once
+(`Overloaded`) rather than queued behind them. `pending` counts every item accepted and not
+yet answered: queued, gathered into the forming batch, or in the batch being handled. An
+item whose caller gave up still counts until the batcher reaches it (and skips it).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, TypeVar
 
-from rofu.service.errors import BatcherClosed
+from rofu.service.errors import BatcherClosed, Overloaded
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -29,6 +34,8 @@ class MicroBatcher(Generic[T, R]):
         max_wait_s: longest time the first item of a batch waits for company.
         on_batch: called with each batch's size (e.g. a metrics histogram); an error it
             raises fails that batch like a handler error.
+        max_pending: most items held at once (`pending`); None: no bound.
+        on_shed: called for each item refused past `max_pending` (e.g. a metrics counter).
     """
 
     def __init__(
@@ -38,32 +45,50 @@ class MicroBatcher(Generic[T, R]):
         max_size: int,
         max_wait_s: float,
         on_batch: Callable[[int], None] | None = None,
+        max_pending: int | None = None,
+        on_shed: Callable[[], None] | None = None,
     ) -> None:
         if max_size < 1:
             raise ValueError(f"max_size must be >= 1, got {max_size}")
         if max_wait_s < 0:
             raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
+        if max_pending is not None and max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         self._handler = handler
         self._max_size = max_size
         self._max_wait_s = max_wait_s
         self._on_batch = on_batch
+        self._max_pending = max_pending
+        self._on_shed = on_shed
+        self._pending = 0
         self._queue: asyncio.Queue[tuple[T, asyncio.Future[R]] | None] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rofu-batch")
         self._closed = False
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def pending(self) -> int:
+        """Items accepted and not yet answered: queued, gathering, or being handled."""
+        return self._pending
 
     async def submit(self, item: T) -> R:
         """Queue `item` and wait for its result (or its batch's error).
 
         Raises:
             BatcherClosed: after `aclose()` (a 503 with Retry-After when it reaches HTTP).
+            Overloaded: `max_pending` items are already held (a 503 with Retry-After).
         """
         if self._closed:
             raise BatcherClosed()
+        if self._max_pending is not None and self._pending >= self._max_pending:
+            if self._on_shed is not None:
+                self._on_shed()
+            raise Overloaded(self._max_pending)
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="rofu-micro-batcher")
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait((item, future))
+        self._pending += 1
         return await future
 
     async def _next(self, timeout: float) -> tuple[T, asyncio.Future[R]] | None:
@@ -97,6 +122,12 @@ class MicroBatcher(Generic[T, R]):
                 return
 
     async def _flush(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
+        try:
+            await self._answer(batch)
+        finally:  # answered, failed or given up on: the batch's items leave the count
+            self._pending -= len(batch)
+
+    async def _answer(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
         live = [(item, future) for item, future in batch if not future.done()]
         if not live:
             return
