@@ -39,6 +39,18 @@ class ServiceMetrics:
             buckets=BATCH_BUCKETS,
             registry=r,
         )
+        self.select_queue_depth = Gauge(
+            "rofu_select_queue_depth",
+            "/select and Rank requests the process holds: queued for the micro-batcher or in "
+            "the batch being scored and stored (at most ROFU_SELECT_QUEUE_MAX)",
+            registry=r,
+        )
+        self.select_shed = Counter(
+            "rofu_select_shed_total",
+            "/select and Rank requests refused with a 503 (overloaded) because the queue held "
+            "ROFU_SELECT_QUEUE_MAX",
+            registry=r,
+        )
         self.reward_batch_size = Histogram(
             "rofu_reward_batch_size",
             "Rewards stored together in one transaction",
@@ -209,6 +221,10 @@ class ServiceMetrics:
             return 0.0 if stamp is None else max(time.time() - stamp, 0.0)
 
         self.checkpoint_age.set_function(age)
+
+    def track_select_queue(self, depth: Callable[[], int]) -> None:
+        """Read the /select queue's depth at scrape time."""
+        self.select_queue_depth.set_function(lambda: float(depth()))
 
     def record_learners(self, losses: Mapping[str, float | None], served: str) -> None:
         """Set each candidate learner's prequential loss (none yet: left unset) and which

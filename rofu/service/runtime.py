@@ -92,7 +92,10 @@ class Runtime:
             decisions,
             max_size=settings.batch_max_size,
             max_wait_s=settings.batch_max_wait_ms / 1000,
+            max_pending=settings.select_queue_limit(),
+            on_shed=self.metrics.select_shed.inc,
         )
+        self.metrics.track_select_queue(lambda: self.batcher.pending)
         self.reward_batcher: RewardBatcher = MicroBatcher(
             RewardBatch(self.sessions, settings.reward_window_seconds),
             max_size=settings.batch_max_size,

@@ -127,6 +127,10 @@ class Settings(_ModelSettings):
     # Micro-batching and request limits.
     batch_max_size: Annotated[int, Field(ge=1, le=4096)] = 64
     batch_max_wait_ms: Annotated[float, Field(ge=0, le=1000)] = 2.0
+    # The most /select requests (the Personalizer facade's Rank included) a process holds:
+    # queued for the micro-batcher or in the batch being scored and stored. One more is a
+    # 503 with Retry-After at once. None: 4 x batch_max_size (`select_queue_limit`).
+    select_queue_max: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     max_body_bytes: Annotated[int, Field(ge=256)] = 256 * 1024
 
     # The API's documentation: `open` serves /docs, /redoc and /openapi.json to anyone;
@@ -320,6 +324,13 @@ class Settings(_ModelSettings):
             self.served_net_configs(), self.data_sample_size, self.max_arms
         )
         return 4 * tensors + 2**20
+
+    def select_queue_limit(self) -> int:
+        """`select_queue_max`, else four full batches (`batch_max_size`): a replica that
+        keeps up holds about two (one scored, one gathering); four means it fell behind."""
+        if self.select_queue_max is not None:
+            return self.select_queue_max
+        return 4 * self.batch_max_size
 
     def rofu_config(self) -> RofuConfig:
         """The ROFU estimator's hyper-parameters and selection rule."""

@@ -35,6 +35,15 @@ def test_cli_config_error_is_one_line_naming_the_setting():
     assert not os.path.exists("nowhere")
 
 
+def test_cli_config_error_refuses_a_select_queue_bound_below_one():
+    result = _rofu("serve", ROFU_SELECT_QUEUE_MAX="-1")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "rofu: configuration error: ROFU_SELECT_QUEUE_MAX='-1': Input should be greater than "
+        "or equal to 1"
+    ]
+
+
 def test_cli_config_error_shows_the_traceback_with_debug():
     result = _rofu("--debug", "migrate", ROFU_CONTEXT_DIM="abc")
     assert result.returncode == 1
@@ -48,6 +57,14 @@ def test_cli_config_error_shows_the_traceback_with_debug():
         ({"estimator": "ntk-closed"}, "l2 must be > 0 for estimator 'ntk-closed', got 0.0"),
         ({"arms": [{"id": "a b"}]}, "ROFU_ARMS[0][id]='a b': String should match pattern"),
         ({"port": 0}, "ROFU_PORT=0: Input should be greater than or equal to 1"),
+        (
+            {"select_queue_max": 0},
+            "ROFU_SELECT_QUEUE_MAX=0: Input should be greater than or equal to 1",
+        ),
+        (
+            {"select_queue_max": -4},
+            "ROFU_SELECT_QUEUE_MAX=-4: Input should be greater than or equal to 1",
+        ),
         (
             {"learners": ["mlp", "tree"]},
             "ROFU_LEARNERS=['mlp', 'tree']: learners must name each of mlp, "

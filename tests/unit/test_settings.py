@@ -394,3 +394,13 @@ def test_settings_checkpoint_byte_limit_is_set_or_derived_from_the_network() -> 
     assert Settings(max_checkpoint_bytes=4096).checkpoint_byte_limit() == 4096
     with pytest.raises(ValidationError, match="max_checkpoint_bytes"):
         Settings(max_checkpoint_bytes=0)
+
+
+def test_settings_select_queue_limit_is_set_or_four_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert Settings().select_queue_limit() == 4 * 64
+    assert Settings(batch_max_size=8).select_queue_limit() == 32
+    assert Settings(batch_max_size=8, select_queue_max=5).select_queue_limit() == 5
+    monkeypatch.setenv("ROFU_SELECT_QUEUE_MAX", "17")
+    assert Settings().select_queue_limit() == 17
