@@ -420,7 +420,7 @@ def test_prometheus_every_alert_expression_parses_and_its_operands_return_data(
     stack: Stack,
 ) -> None:
     queries = alert_queries()
-    assert len(queries) == 12
+    assert len(queries) == 13
     prometheus = stack.prometheus
     failures = []
     print(f"\n{len(queries)} alert expressions (full, then each operand):")

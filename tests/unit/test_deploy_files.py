@@ -841,6 +841,7 @@ def test_alert_rules_cover_the_failure_modes(exported: dict[str, frozenset[str]]
     assert alerts_on("rofu_trainer_publish_failures_total")
     assert alerts_on("rofu_rewards_total", 'outcome="accepted"', "rofu_selections_total")
     assert alerts_on("rofu_checkpoint_rejected_total")
+    assert alerts_on("rofu_select_shed_total")
 
 
 def _dashboard() -> dict[str, Any]:
