@@ -17,7 +17,8 @@ It needs httpx and pydantic only (`pip install rofu`; the service is `rofu[serve
 Requests and responses are the API's wire schemas (`rofu.client.schemas`), which the
 service's OpenAPI schema is generated from. A request that gets a 503 (`unavailable`: a
 database failure; `overloaded`: a replica's full /select queue) or cannot connect is
-retried after the server's `Retry-After` (or an exponential backoff), at most
+retried after the server's `Retry-After` (or an exponential backoff), stretched by a
+random factor of 1 to 1.5 so that refused clients do not return together, at most
 `retries` times and never waiting longer than `max_backoff_s` at once. `select` draws its
 `event_id` before the first attempt, so a retry repeats the same request and the service
 returns the one decision it stored. Errors are `RofuError` with the server's code,

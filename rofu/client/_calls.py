@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -124,13 +125,20 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
 
 
 class Retry:
-    """When to try again: a 503 or a failed connection, honouring Retry-After."""
+    """When to try again: a 503 or a failed connection, honouring Retry-After.
 
-    def __init__(self, retries: int, max_backoff_s: float) -> None:
+    Each wait is stretched by a random factor in [1, 1.5) (never shorter than the server
+    asked), so that clients refused together do not all come back in the same instant.
+    """
+
+    def __init__(
+        self, retries: int, max_backoff_s: float, rng: random.Random | None = None
+    ) -> None:
         if retries < 0 or max_backoff_s < 0:
             raise ValueError("retries and max_backoff_s must be >= 0")
         self.retries = retries
         self.max_backoff_s = max_backoff_s
+        self._rng = rng or random.Random()
 
     def delay(self, attempt: int, response: httpx.Response | None) -> float:
         """Seconds to wait before attempt `attempt + 1`."""
@@ -138,6 +146,7 @@ class Retry:
         if response is not None:
             with contextlib.suppress(ValueError):  # an HTTP date: keep the backoff
                 wait = float(response.headers.get("retry-after", wait))
+        wait *= self._rng.uniform(1.0, 1.5)
         return float(max(0.0, min(wait, self.max_backoff_s)))
 
     def wanted(self, attempt: int, response: httpx.Response | None) -> bool:

@@ -71,7 +71,8 @@ def test_a_503_is_retried_after_retry_after_with_the_same_event_id(waits):
     ids = {json.loads(r.content)["event_id"] for r in script.requests}
     assert len(script.requests) == 3
     assert ids == {decision.event_id}
-    assert waits == [2.0, 0.2]  # the server's Retry-After, then the backoff (0.1 * 2**1)
+    # the server's Retry-After, then the backoff (0.1 * 2**1), each stretched by 1 to 1.5
+    assert waits == [_stretched(2.0), _stretched(0.2)]
 
 
 def test_retries_are_bounded_and_refusals_are_not_retried(waits):
@@ -107,7 +108,7 @@ async def test_async_client_retries_the_same_way(monkeypatch):
         decision = await rofu.select([0.3], event_id="mine")
     assert decision.event_id == "mine"
     assert [json.loads(r.content)["event_id"] for r in script.requests] == ["mine", "mine"]
-    assert slept == [1.0]
+    assert slept == [_stretched(1.0)]
 
 
 def test_select_sends_named_features_and_arm_features_as_given(waits):
@@ -238,7 +239,7 @@ def test_export_follows_the_pages_as_typed_rows_and_retries_a_page(waits):
         "until": "2026-12-02",
     }
     assert [r.url.params.get("cursor") for r in log.requests] == [None, "abc", "abc"]
-    assert waits == [1.0]
+    assert waits == [_stretched(1.0)]
 
 
 def test_activate_posts_to_the_event_and_select_sends_defer(waits):
@@ -267,3 +268,30 @@ async def test_async_client_exports_and_activates(monkeypatch):
         answer = await rofu.activate("e-2")
     assert events == ["e-1", "e-2", "e-3"]
     assert answer.event_id == "e-2"
+
+
+def test_retry_waits_at_least_what_the_server_asked_and_spreads_clients():
+    import random
+
+    import httpx
+
+    from rofu.client._calls import Retry
+
+    refused = httpx.Response(503, headers={"Retry-After": "1"})
+    waits = [Retry(3, 10.0, random.Random(seed)).delay(0, refused) for seed in range(20)]
+    assert all(1.0 <= wait < 1.5 for wait in waits)
+    assert len({round(wait, 6) for wait in waits}) > 10  # not one instant for everyone
+    assert Retry(3, 1.2, random.Random(0)).delay(0, refused) <= 1.2  # the cap still holds
+
+
+class _stretched:
+    """Equal to a wait of `asked` stretched by the client's jitter: in [asked, 1.5 asked)."""
+
+    def __init__(self, asked: float) -> None:
+        self.asked = asked
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, float) and self.asked <= other < 1.5 * self.asked
+
+    def __repr__(self) -> str:
+        return f"[{self.asked:g}, {1.5 * self.asked:g})"
