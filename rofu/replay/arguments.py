@@ -180,7 +180,11 @@ def _live_service(parser: argparse.ArgumentParser) -> None:
         "reads the service's settings (GET /v1/model) and says on stderr, a line each, what "
         "they imply: when a model can come, and the waits for it",
     )
-    live.add_argument("--http", metavar="URL", help="play against a live service at URL")
+    live.add_argument(
+        "--http",
+        metavar="URL",
+        help="play against a live service at URL (with API keys: a client key in ROFU_API_KEY)",
+    )
     live.add_argument(
         "--http-sync",
         choices=SYNC_MODES,

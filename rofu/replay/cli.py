@@ -10,6 +10,7 @@ policies are checked before anything runs."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -58,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         from rofu.replay.http_run import Study, run_http
 
         options = (args.http_sync, args.http_wait, args.http_allow_cold_start)
-        study = Study(args.http, rounds, out / "http", command_text(argv), *options)
+        key = os.environ.get("ROFU_API_KEY") or None  # a client key of the service, if any
+        study = Study(args.http, rounds, out / "http", command_text(argv), *options, key)
         return run_http(parser, study, datasets, seeds, file, args.data_dir)
     if not args.report_only:
         presets = _preset_of(parser, args, datasets, protocol)

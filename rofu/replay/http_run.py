@@ -37,6 +37,7 @@ class Study:
     sync: SyncMode = "every"
     wait_s: float = DEFAULT_WAIT_S
     allow_cold_start: bool = False
+    api_key: str | None = None  # ROFU_API_KEY, for a service with keys
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ def _preflight(parser: argparse.ArgumentParser, study: Study, bandit: Bandit) ->
     """The run's plan from the service's settings; a usage error where it is refused."""
     warm = min(WARM_START * bandit.n_arms, study.rounds)
     try:
-        with RofuClient(study.url) as client:
+        with RofuClient(study.url, api_key=study.api_key) as client:
             model = client.model()
             service_arms(client, bandit, model)
         return plan(model, study.rounds, warm, study.sync, study.wait_s, study.allow_cold_start)
@@ -116,7 +117,8 @@ def _play(
     parser: argparse.ArgumentParser, study: Study, bandit: Bandit, seed: int, checked: Plan
 ) -> HttpRun:
     try:
-        return play(study.url, bandit, bandit.stream(study.rounds, seed), seed, sync=checked.sync)
+        stream = bandit.stream(study.rounds, seed)
+        return play(study.url, bandit, stream, seed, sync=checked.sync, api_key=study.api_key)
     except ValueError as exc:  # the service changed shape since the preflight
         parser.error(f"{exc}; start a service for it with:\n  {serve_command(bandit)}")
     except RofuError as exc:

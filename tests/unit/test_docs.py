@@ -30,7 +30,9 @@ from tests.docs_blocks import (
 
 BLOCKS = all_blocks()
 #: ROFU_* names the docs may use that are not settings
-NOT_SETTINGS = {"ROFU_CONFIG_FILE", "ROFU_TEST_DATABASE_URL", "ROFU_TEST_REDIS_URL"}
+#: environment variables that are not service settings: the config file, the tests' servers
+#: and the client key `rofu replay --http` sends
+NOT_SETTINGS = {"ROFU_CONFIG_FILE", "ROFU_TEST_DATABASE_URL", "ROFU_TEST_REDIS_URL", "ROFU_API_KEY"}
 REPO_DIRS = ("rofu", "tests", "docs", "results", "benchmarks", "deploy", "docker", "scripts")
 #: paths the docs name that are made by commands, not committed
 MADE_PATHS = ("results/tmp/", "var/", "docker/secrets/")

@@ -62,9 +62,11 @@ class ScriptedService:
         self.training = _training(trainer=trainer, reward_window_seconds=window)
         self.version = self.learned = self.rewards = 0
         self.requests: list[str] = []
+        self.keys: set[str | None] = set()
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(f"{request.method} {request.url.path}")
+        self.keys.add(request.headers.get("authorization"))
         route = {
             "/v1/model": self._model,
             "/v1/arms": self._arms,
@@ -275,3 +277,14 @@ def test_replay_http_options_only_with_http(tmp_path, capsys):
 
 def test_sync_none_never_waits():
     assert Sync().waits_at(100, 15, version=0) == ()
+
+
+def test_replay_http_sends_the_key_in_rofu_api_key(scripted, tmp_path, monkeypatch, capsys):
+    service = scripted(ScriptedService())
+    monkeypatch.setenv("ROFU_API_KEY", "client-key")
+    assert main(_argv(tmp_path, "--http-wait", "5")) == 0
+    assert service.keys == {"Bearer client-key"}  # the preflight's requests and the run's
+    monkeypatch.delenv("ROFU_API_KEY")
+    keyless = scripted(ScriptedService())
+    assert main(_argv(tmp_path / "again", "--http-wait", "5")) == 0
+    assert keyless.keys == {None}

@@ -237,6 +237,7 @@ def play(
     timeout_s: float = 30.0,
     sync: Sync | None = None,
     note: Callable[[str], None] = _stderr,
+    api_key: str | None = None,
 ) -> HttpRun:
     """Play `stream` against the service at `url`, waiting where `sync` says (None: never;
     `note`: told of the run's pace and of a wait that gives up).
@@ -250,7 +251,7 @@ def play(
     warm = min(warm_start * bandit.n_arms, stream.rounds)
     rounds = _Rounds.empty(stream.rounds)
     started = time.perf_counter()
-    with RofuClient(url, timeout_s=timeout_s) as client:
+    with RofuClient(url, api_key=api_key, timeout_s=timeout_s) as client:
         start = client.model()
         arm_ids = service_arms(client, bandit, start)
         index = {arm_id: i for i, arm_id in enumerate(arm_ids)}
