@@ -40,12 +40,9 @@ from datetime import UTC, datetime, timedelta
 import torch
 
 from rofu.models import Checkpoint, DataBuffer, FitConfig, RewardNet, dump_checkpoint, fit
-from rofu.models.checkpoint import CandidateState
-from rofu.models.data import Prequential, Transitions
-from rofu.models.learners import LearnerFamily, candidates
+from rofu.models.learners import LearnerFamily
 from rofu.models.rofu import ascent_rho
 from rofu.models.scaling import scoring_inputs, squared_residuals
-from rofu.models.training import make_optimizer
 from rofu.service.db import deferral, quarantine, repository
 from rofu.service.db.engine import SessionFactory
 from rofu.service.db.trainer_lock import TrainerLock, trainer_lock
@@ -54,6 +51,13 @@ from rofu.service.deciding.snapshot import HASH_SEED_KEY, load_served
 from rofu.service.lifecycle import training_data
 from rofu.service.lifecycle.bus import CheckpointBus
 from rofu.service.lifecycle.checkpoint_store import CheckpointStore
+from rofu.service.lifecycle.continuation import (
+    KeptFamily,
+    KeptNetwork,
+    continued_family,
+    continued_network,
+    refit_family,
+)
 from rofu.service.metrics import ServiceMetrics
 from rofu.service.settings import Settings
 
@@ -62,16 +66,6 @@ log = logging.getLogger("rofu.trainer")
 #: rho past which gradient descent on the regulariser diverges (rofu.models.rofu_stability).
 UNSTABLE_RHO = 2.0
 MAX_ROWS_PER_RUN = 50_000
-
-
-@dataclass(frozen=True)
-class _Kept:
-    """The network and optimizer of the checkpoint this trainer published last."""
-
-    version: int
-    net: RewardNet
-    optimizer: torch.optim.Optimizer
-    config: FitConfig  # its FitConfig, steps aside: another one starts a fresh optimizer
 
 
 @dataclass(frozen=True)
@@ -132,9 +126,8 @@ class Trainer:
         self._clock = clock
         self._lock = trainer_lock(sessions) if lock is None else lock
         self._catalogue = CatalogueCache(sessions, ttl_s=0.0)
-        self._kept: _Kept | None = None  # the optimizer fit_persist carries over
-        # (version, its FitConfig steps aside, the family) of the last checkpoint published
-        self._kept_family: tuple[int, FitConfig, LearnerFamily] | None = None
+        self._kept: KeptNetwork | None = None  # the optimizer fit_persist carries over
+        self._kept_family: KeptFamily | None = None  # the learner family, likewise
         self._waiting = False  # another trainer held the lock at the last try
 
     def run_once(self) -> TrainReport | None:
@@ -191,12 +184,16 @@ class Trainer:
         new = training_data.transitions(trained, self.settings.context_dim, features)
         config = self.settings.fit_config(new_rows=len(trained))
         if self.settings.learners != ("mlp",):
-            family = self._family(previous, config)
-            net, metrics = self._fit_family(family, buffer, new, run.version, features)
-            report = self._publish(net, buffer, features, metrics, run, family)
-            self._kept_family = (run.version, dataclasses.replace(config, steps=0), family)
+            last, self._kept_family = self._kept_family, None
+            family = continued_family(self.settings, previous, config, last)
+            metrics = refit_family(family, buffer, new, self._generator(run.version), features)
+            _check_finite(family.all_finite(), run.version)
+            report = self._publish(family.served_net, buffer, features, metrics, run, family)
+            steps0 = dataclasses.replace(config, steps=0)
+            self._kept_family = KeptFamily(run.version, steps0, family)
             return report
-        net, optimizer = self._continue(previous, config)
+        kept, self._kept = self._kept, None
+        net, optimizer = continued_network(self.settings, previous, config, kept)
         # theta_{t-1} scores the new rows before it is refitted on them (the prequential noise)
         buffer.score_residuals(squared_residuals(net, new, features), config.prequential_decay)
         net.observe(new.x, new.rewards)  # a standardising network's running statistics
@@ -204,53 +201,9 @@ class Trainer:
         metrics = self._fit(net, optimizer, config, buffer, run.version, features)
         report = self._publish(net, buffer, features, metrics, run)
         if optimizer is not None:
-            self._kept = _Kept(run.version, net, optimizer, dataclasses.replace(config, steps=0))
+            steps0 = dataclasses.replace(config, steps=0)
+            self._kept = KeptNetwork(run.version, net, optimizer, steps0)
         return report
-
-    def _family(self, previous: Checkpoint | None, config: FitConfig) -> LearnerFamily:
-        """The candidate learners to refit: the family in memory while this process
-        continues the checkpoint it published last (with fit_persist, their optimizers
-        too), else one continuing the candidates the previous checkpoint kept. From a
-        checkpoint without a family, `mlp` continues its network and its loss; a
-        candidate it did not keep starts anew."""
-        kept, self._kept_family = self._kept_family, None
-        steps0 = dataclasses.replace(config, steps=0)
-        if kept is not None and previous is not None and kept[:2] == (previous.version, steps0):
-            family = kept[2]
-        else:
-            family = LearnerFamily(
-                candidates(self.settings.learners, self.settings.net_config(), config),
-                decay=config.prequential_decay,
-                persist=self.settings.fit_persist,
-            )
-            if previous is not None:
-                family.restore(previous.candidates or (_as_candidate(previous),))
-        family.candidates = tuple(  # every candidate takes this run's steps
-            dataclasses.replace(c, fit=dataclasses.replace(c.fit, steps=config.steps))
-            for c in family.candidates
-        )
-        return family
-
-    def _fit_family(
-        self,
-        family: LearnerFamily,
-        buffer: DataBuffer,
-        new: Transitions,
-        version: int,
-        features: torch.Tensor | None,
-    ) -> tuple[RewardNet, dict[str, float]]:
-        """Every candidate scores the new rows, then is refitted on the buffer with them;
-        the served candidate's loss is the buffer's prequential noise."""
-        family.observe(new, features)
-        buffer.noise = family.losses[family.served]
-        buffer.append(new)
-        generator = torch.Generator().manual_seed(self.settings.seed + 7919 * version)
-        metrics = family.fit(buffer.view(), generator, features)
-        if not family.all_finite():
-            raise RuntimeError(  # never publish a model that would score NaN
-                f"training checkpoint {version} diverged (non-finite parameters); not published"
-            )
-        return family.served_net, metrics
 
     def _target(self, row: repository.TrainingRow) -> float | None:
         """The training target, or None to exclude the row (no reward and no default, or
@@ -273,44 +226,6 @@ class Trainer:
             return None
         return self._catalogue.refresh().feature_table(self.settings.arm_feature_dim)
 
-    def _continue(
-        self, previous: Checkpoint | None, config: FitConfig
-    ) -> tuple[RewardNet, torch.optim.Optimizer | None]:
-        """The network to refit and, with fit_persist, the optimizer it continues.
-
-        The optimizer carries over while this process continues from the checkpoint it
-        published last (its network is that checkpoint's, in memory); after a restart, a
-        failed run or another trainer's checkpoint a fresh one starts, as at the first.
-        """
-        kept, self._kept = self._kept, None
-        if not self.settings.fit_persist:
-            return self._network(previous, config), None
-        if (
-            kept is not None
-            and previous is not None
-            and kept.version == previous.version
-            and kept.config == dataclasses.replace(config, steps=0)
-        ):
-            return kept.net, kept.optimizer
-        net = self._network(previous, config)
-        return net, make_optimizer(net, config)
-
-    def _network(self, previous: Checkpoint | None, config: FitConfig) -> RewardNet:
-        """The previous checkpoint's network (a fresh one without), standardising as
-        `config.standardise` says: switching keeps the layers, and a newly standardising
-        network starts its statistics at the new rows."""
-        if previous is None:
-            return RewardNet(
-                dataclasses.replace(self.settings.net_config(), standardise=config.standardise)
-            )
-        net = previous.network()
-        if net.config.standardise != config.standardise:
-            switched = RewardNet(dataclasses.replace(net.config, standardise=config.standardise))
-            layers = {k: v for k, v in net.state_dict().items() if k.startswith("layers.")}
-            switched.load_state_dict(layers, strict=False)
-            return switched
-        return net
-
     def _fit(
         self,
         net: RewardNet,
@@ -320,15 +235,16 @@ class Trainer:
         version: int,
         features: torch.Tensor | None,
     ) -> dict[str, float]:
-        generator = torch.Generator().manual_seed(self.settings.seed + 7919 * version)
+        generator = self._generator(version)
         metrics = fit(
             net, buffer.view(), config, generator, arm_features=features, optimizer=optimizer
         )
-        if not all(bool(torch.isfinite(p).all()) for p in net.parameters()):
-            raise RuntimeError(  # never publish a model that would score NaN
-                f"training checkpoint {version} diverged (non-finite parameters); not published"
-            )
+        _check_finite(all(bool(torch.isfinite(p).all()) for p in net.parameters()), version)
         return metrics
+
+    def _generator(self, version: int) -> torch.Generator:
+        """The minibatch draws of the run that makes `version`."""
+        return torch.Generator().manual_seed(self.settings.seed + 7919 * version)
 
     def _publish(
         self,
@@ -474,9 +390,9 @@ class Trainer:
             self._metrics.trainer_skipped.labels(reason).inc()
 
 
-def _as_candidate(previous: Checkpoint) -> CandidateState:
-    """A checkpoint made without a family as the `mlp` candidate: its network, and its
-    prequential noise as the loss so far."""
-    return CandidateState(
-        "mlp", previous.net_config, previous.state, previous.data.noise or Prequential()
-    )
+def _check_finite(finite: bool, version: int) -> None:
+    """Never publish a model that would score NaN."""
+    if not finite:
+        raise RuntimeError(
+            f"training checkpoint {version} diverged (non-finite parameters); not published"
+        )
