@@ -13,7 +13,8 @@ from starlette.concurrency import run_in_threadpool
 
 from rofu.service import migrate
 from rofu.service.api.security import KeyRing
-from rofu.service.db import faults, repository
+from rofu.service.db import arms as arm_rows
+from rofu.service.db import faults
 from rofu.service.db.engine import DatabaseLimits, make_engine, probe_write, session_factory
 from rofu.service.db.write_health import WriteHealth
 from rofu.service.deciding.batch import DecisionBatch, Pending, Result
@@ -161,7 +162,7 @@ class Runtime:
                 )
             migrate.upgrade(self.settings.database_url)
         specs = [(arm.id, arm.features) for arm in self.settings.arms]
-        repository.ensure_arms(self.sessions, specs, self.settings.max_arms)
+        arm_rows.ensure_arms(self.sessions, specs, self.settings.max_arms)
         self.catalogue.refresh()
 
     async def _on_notice(self, message: str) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rofu.service.db import arms as arm_rows
 from rofu.service.db import repository
 from rofu.service.db import rewards as reward_rows
 from rofu.service.db.engine import make_engine, session_factory
@@ -45,7 +46,7 @@ def test_export_pages_and_formats_on_postgres(pg_clean: str, tmp_path: Path) -> 
     sessions = session_factory(engine)
     try:
         rows = _decisions()
-        repository.ensure_arms(sessions, [(arm, None) for arm in ARMS], max_arms=8)
+        arm_rows.ensure_arms(sessions, [(arm, None) for arm in ARMS], max_arms=8)
         repository.insert_decisions(sessions, rows)
         for row in rows[::2]:
             reward_rows.attach_reward(sessions, row.event_id, float(row.slot))

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from rofu.service.db import arms as arm_rows
 from rofu.service.db import repository
 from rofu.service.db import rewards as reward_rows
 from rofu.service.db.engine import make_engine, session_factory
@@ -61,21 +62,21 @@ def test_repository_reward_first_value_wins(pg_sessions):
 
 
 def test_repository_arms_take_fresh_slots_and_retire(pg_sessions):
-    repository.ensure_arms(pg_sessions, [("x", None), ("y", None)], max_arms=3)
-    repository.ensure_arms(pg_sessions, [("x", None), ("y", None)], max_arms=3)  # idempotent
-    z = repository.add_arm(pg_sessions, "z", None, max_arms=3)
-    assert [a.slot for a in repository.list_arms(pg_sessions)] == [0, 1, 2]
+    arm_rows.ensure_arms(pg_sessions, [("x", None), ("y", None)], max_arms=3)
+    arm_rows.ensure_arms(pg_sessions, [("x", None), ("y", None)], max_arms=3)  # idempotent
+    z = arm_rows.add_arm(pg_sessions, "z", None, max_arms=3)
+    assert [a.slot for a in arm_rows.list_arms(pg_sessions)] == [0, 1, 2]
     assert z.slot == 2
     with pytest.raises(Conflict, match="full"):
-        repository.add_arm(pg_sessions, "w", None, max_arms=3)
+        arm_rows.add_arm(pg_sessions, "w", None, max_arms=3)
     with pytest.raises(Conflict, match="already exists"):
-        repository.add_arm(pg_sessions, "x", None, max_arms=5)
-    retired = repository.retire_arm(pg_sessions, "y")
+        arm_rows.add_arm(pg_sessions, "x", None, max_arms=5)
+    retired = arm_rows.retire_arm(pg_sessions, "y")
     assert not retired.active
     assert retired.retired_at is not None
-    assert repository.retire_arm(pg_sessions, "y").retired_at == retired.retired_at
+    assert arm_rows.retire_arm(pg_sessions, "y").retired_at == retired.retired_at
     with pytest.raises(NotFound):
-        repository.retire_arm(pg_sessions, "nope")
+        arm_rows.retire_arm(pg_sessions, "nope")
 
 
 def test_repository_closed_decisions_and_checkpoint_commit_mark_rows(pg_sessions):

@@ -18,6 +18,7 @@ from sqlalchemy import text
 
 from rofu.service import migrate
 from rofu.service.api.schemas import SelectRequest
+from rofu.service.db import arms as arm_rows
 from rofu.service.db import repository
 from rofu.service.db.engine import SessionFactory, make_engine, session_factory
 from rofu.service.deciding.batch import Decided, DecisionBatch, Pending, Result
@@ -61,7 +62,7 @@ class World:
         migrate.upgrade(url)
         self.engine = make_engine(url)
         self.sessions: SessionFactory = session_factory(self.engine)
-        repository.ensure_arms(self.sessions, [(arm, None) for arm in ARMS], max_arms=8)
+        arm_rows.ensure_arms(self.sessions, [(arm, None) for arm in ARMS], max_arms=8)
         catalogue = CatalogueCache(self.sessions, ttl_s=3600)
         catalogue.refresh()
         settings = Settings(database_url=url, context_dim=2)

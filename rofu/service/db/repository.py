@@ -18,7 +18,6 @@ from rofu.service.db import faults
 from rofu.service.db.engine import SessionFactory
 from rofu.service.db.locking import lock_decisions
 from rofu.service.db.tables import (
-    ArmRow,
     CheckpointRow,
     DecisionRow,
     ModelPinRow,
@@ -42,7 +41,8 @@ def database_errors() -> Iterator[None]:
         raise faults.as_unavailable(exc) from exc
 
 
-def _transaction(sessions: SessionFactory, work: Callable[[Session], T]) -> T:
+def transaction(sessions: SessionFactory, work: Callable[[Session], T]) -> T:
+    """`work` in one transaction: committed whole or not at all; an outage as `Unavailable`."""
     with database_errors(), sessions() as session, session.begin():
         return work(session)
 
@@ -52,7 +52,7 @@ def _transaction(sessions: SessionFactory, work: Callable[[Session], T]) -> T:
 
 def find_decision(sessions: SessionFactory, event_id: str) -> DecisionRow | None:
     """The stored decision of an event, if any."""
-    return _transaction(sessions, lambda s: s.get(DecisionRow, event_id))
+    return transaction(sessions, lambda s: s.get(DecisionRow, event_id))
 
 
 def find_decisions(sessions: SessionFactory, event_ids: Collection[str]) -> dict[str, DecisionRow]:
@@ -62,7 +62,7 @@ def find_decisions(sessions: SessionFactory, event_ids: Collection[str]) -> dict
         query = select(DecisionRow).where(DecisionRow.event_id.in_(list(event_ids)))
         return {row.event_id: row for row in session.scalars(query)}
 
-    return _transaction(sessions, work)
+    return transaction(sessions, work)
 
 
 def insert_decisions(sessions: SessionFactory, rows: Sequence[DecisionRow]) -> None:
@@ -72,7 +72,7 @@ def insert_decisions(sessions: SessionFactory, rows: Sequence[DecisionRow]) -> N
         IntegrityError: an event id is already stored; nothing was inserted.
         Unavailable: the database is down.
     """
-    _transaction(sessions, lambda s: s.add_all(rows))
+    transaction(sessions, lambda s: s.add_all(rows))
 
 
 def save_decision(sessions: SessionFactory, row: DecisionRow) -> tuple[DecisionRow, bool]:
@@ -82,7 +82,7 @@ def save_decision(sessions: SessionFactory, row: DecisionRow) -> tuple[DecisionR
         (the stored decision, whether this call created it)
     """
     try:
-        _transaction(sessions, lambda s: s.add(row))
+        transaction(sessions, lambda s: s.add(row))
     except IntegrityError:
         existing = find_decision(sessions, row.event_id)
         if existing is None:  # the conflicting row vanished: nothing sane to return
@@ -102,69 +102,6 @@ def misses_training(decision: DecisionRow, window_seconds: float) -> bool:
     return window_seconds > 0 and utcnow() > closed
 
 
-# Arms --------------------------------------------------------------------------------
-
-
-def list_arms(sessions: SessionFactory) -> list[ArmRow]:
-    """Every arm, active and retired, by slot."""
-    return _transaction(sessions, lambda s: list(s.scalars(select(ArmRow).order_by(ArmRow.slot))))
-
-
-def add_arm(
-    sessions: SessionFactory, arm_id: str, features: list[float] | None, max_arms: int
-) -> ArmRow:
-    """Add an arm in the next free slot; refuses a duplicate id or a full catalogue."""
-
-    def work(session: Session) -> ArmRow:
-        if session.get(ArmRow, arm_id) is not None:
-            raise Conflict(f"arm {arm_id!r} already exists", field="id")
-        highest = session.scalar(select(func.max(ArmRow.slot)))
-        slot = 0 if highest is None else highest + 1
-        if slot >= max_arms:
-            raise Conflict(f"the catalogue is full (max_arms={max_arms})", field="id")
-        row = ArmRow(id=arm_id, slot=slot, features=features, active=True)
-        session.add(row)
-        session.flush()
-        return row
-
-    for attempt in range(3):
-        try:
-            return _transaction(sessions, work)
-        except IntegrityError:  # a concurrent add took the same slot or id; retry
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
-
-
-def retire_arm(sessions: SessionFactory, arm_id: str) -> ArmRow:
-    """Retire an arm for good; retiring it again is a no-op."""
-
-    def work(session: Session) -> ArmRow:
-        row = session.get(ArmRow, arm_id)
-        if row is None:
-            raise NotFound(f"no arm {arm_id!r}", field="id")
-        if row.active:
-            row.active = False
-            row.retired_at = utcnow()
-        return row
-
-    return _transaction(sessions, work)
-
-
-def ensure_arms(
-    sessions: SessionFactory, specs: Sequence[tuple[str, list[float] | None]], max_arms: int
-) -> None:
-    """Add the configured arms that the catalogue does not hold yet."""
-    known = {row.id for row in list_arms(sessions)}
-    for arm_id, features in specs:
-        if arm_id not in known:
-            try:
-                add_arm(sessions, arm_id, features, max_arms)
-            except Conflict:
-                if arm_id not in {row.id for row in list_arms(sessions)}:
-                    raise  # a full catalogue, not a concurrent add of the same arm
-
-
 # Checkpoints and training rows ---------------------------------------------------------
 
 
@@ -182,7 +119,7 @@ def latest_checkpoint(sessions: SessionFactory, *, with_blob: bool = True) -> Ch
             query = query.options(defer(CheckpointRow.blob))
         return session.scalar(query)
 
-    return _transaction(sessions, work)
+    return transaction(sessions, work)
 
 
 def get_checkpoint(
@@ -190,13 +127,13 @@ def get_checkpoint(
 ) -> CheckpointRow | None:
     """A durable checkpoint by version."""
     if with_blob:
-        return _transaction(sessions, lambda s: s.get(CheckpointRow, version))
+        return transaction(sessions, lambda s: s.get(CheckpointRow, version))
     query = (
         select(CheckpointRow)
         .where(CheckpointRow.version == version)
         .options(defer(CheckpointRow.blob))
     )
-    return _transaction(sessions, lambda s: s.scalar(query))
+    return transaction(sessions, lambda s: s.scalar(query))
 
 
 def checkpoint_blob_size(
@@ -207,7 +144,7 @@ def checkpoint_blob_size(
     query = select(func.length(CheckpointRow.blob), CheckpointRow.path).where(
         CheckpointRow.version == version
     )
-    found = _transaction(sessions, lambda s: s.execute(query).first())
+    found = transaction(sessions, lambda s: s.execute(query).first())
     return None if found is None else (found[0], found[1])
 
 
@@ -227,7 +164,7 @@ def list_checkpoints(
             query = query.where(CheckpointRow.version < before)
         return list(session.scalars(query))
 
-    return _transaction(sessions, work)
+    return transaction(sessions, work)
 
 
 @dataclass(frozen=True)
@@ -273,7 +210,7 @@ def closed_decisions(
             for d, value in session.execute(query)
         ]
 
-    return _transaction(sessions, work)
+    return transaction(sessions, work)
 
 
 class ClaimLost(Conflict):
@@ -314,7 +251,7 @@ def commit_checkpoint(
         session.add(row)
 
     try:
-        _transaction(sessions, work)
+        transaction(sessions, work)
     except IntegrityError as exc:  # the version key: another trainer stored it first
         raise ClaimLost(f"checkpoint {row.version} is stored already") from exc
 
@@ -332,7 +269,7 @@ def mark_consumed(
         ClaimLost: a decision was consumed already; none was marked.
     """
 
-    _transaction(sessions, lambda session: _claim(session, consumed, version, unrewarded))
+    transaction(sessions, lambda session: _claim(session, consumed, version, unrewarded))
 
 
 def _claim(
@@ -377,7 +314,7 @@ def get_pin(sessions: SessionFactory) -> int | None:
         row = session.get(ModelPinRow, 1)
         return None if row is None else row.version
 
-    return _transaction(sessions, work)
+    return transaction(sessions, work)
 
 
 def set_pin(sessions: SessionFactory, version: int | None) -> None:
@@ -403,4 +340,4 @@ def set_pin(sessions: SessionFactory, version: int | None) -> None:
         else:
             row.version, row.updated_at = version, utcnow()
 
-    _transaction(sessions, work)
+    transaction(sessions, work)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rofu.service.db import repository
+from rofu.service.db import arms as arm_rows
 from rofu.service.db.engine import SessionFactory
 from rofu.service.errors import InvalidInput
 
@@ -111,7 +111,7 @@ class CatalogueCache:
 
     def refresh(self) -> Catalogue:
         """Reload from the database (blocking)."""
-        rows = repository.list_arms(self._sessions)
+        rows = arm_rows.list_arms(self._sessions)
         catalogue = Catalogue(
             tuple(
                 Arm(row.id, row.slot, tuple(row.features) if row.features else None, row.active)

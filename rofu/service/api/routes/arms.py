@@ -21,7 +21,7 @@ from rofu.service.api.deps import (
 )
 from rofu.service.api.routes import API_PREFIX
 from rofu.service.api.schemas import error_responses
-from rofu.service.db import repository
+from rofu.service.db import arms as arm_rows
 from rofu.service.db.tables import ArmRow
 from rofu.service.deciding.catalogue import ARMS_NOTICE, CatalogueCache
 from rofu.service.errors import InvalidInput
@@ -45,7 +45,7 @@ def _view(row: ArmRow) -> ArmResponse:
 )
 async def list_arms(sessions: SessionsDep) -> list[ArmResponse]:
     """Every arm, active and retired."""
-    rows = await run_in_threadpool(repository.list_arms, sessions)
+    rows = await run_in_threadpool(arm_rows.list_arms, sessions)
     return [_view(row) for row in rows]
 
 
@@ -70,7 +70,7 @@ async def add_arm(
             f"features: expected {settings.arm_feature_dim} values, got {width}", field="features"
         )
     row = await run_in_threadpool(
-        repository.add_arm, sessions, body.id, body.features, settings.max_arms
+        arm_rows.add_arm, sessions, body.id, body.features, settings.max_arms
     )
     await _changed(catalogue, bus)
     return _view(row)
@@ -81,7 +81,7 @@ async def retire_arm(
     arm_id: ArmPath, sessions: SessionsDep, catalogue: CatalogueDep, bus: RedisBusDep
 ) -> ArmResponse:
     """Retire an arm: it is never selected again (its history stays)."""
-    row = await run_in_threadpool(repository.retire_arm, sessions, arm_id)
+    row = await run_in_threadpool(arm_rows.retire_arm, sessions, arm_id)
     await _changed(catalogue, bus)
     return _view(row)
 

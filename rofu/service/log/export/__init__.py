@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from rofu.service.db import repository
+from rofu.service.db import arms as arm_rows
 from rofu.service.db.engine import MissingDatabase, SessionFactory, existing_engine, session_factory
 from rofu.service.errors import InvalidInput, ServiceError
 from rofu.service.log.export.dsjson import write_dsjson
@@ -74,7 +74,7 @@ def _writer(
     if fmt == "parquet":
         return lambda path: write_parquet(records, path)
     if fmt == "obp":
-        arms = [(row.id, row.slot, row.features) for row in repository.list_arms(sessions)]
+        arms = [(row.id, row.slot, row.features) for row in arm_rows.list_arms(sessions)]
         catalogue = Catalogue.of(arms)
         return lambda path: write_obp(records, path, catalogue, default_reward=default_reward)
 
@@ -86,7 +86,7 @@ def _writer(
 
 
 def _features(sessions: SessionFactory) -> dict[str, list[float]]:
-    return {row.id: row.features for row in repository.list_arms(sessions) if row.features}
+    return {row.id: row.features for row in arm_rows.list_arms(sessions) if row.features}
 
 
 @contextlib.contextmanager
