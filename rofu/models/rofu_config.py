@@ -67,6 +67,9 @@ class RofuConfig:
         closed_rows: m, the rows of the data sample `ntk-closed` estimates the curvature on
             (drawn once per checkpoint when the sample holds more; None: all of them). Its
             per-checkpoint cost grows as m^3 and its per-pair cost as m^2.
+        kfac_rows: the rows of the data sample `ntk-kfac` estimates its factors on (drawn
+            once per checkpoint when the sample holds more; None: all of them). Its
+            per-checkpoint cost grows linearly in them; its per-pair cost does not.
         noise: sigma^2 of R read as a Gaussian log-likelihood, sum (f - r)^2 / (2 sigma^2)
             plus the prior l2 |theta|^2 (`rofu.models.scaling`): `fixed`, sigma^2 = 1/2 (R
             = w MSE, the paper's), or `prequential`, the served model's exponentially
@@ -95,6 +98,7 @@ class RofuConfig:
     igw_gamma: float = hyper(100.0, key="gamma", low=0.0)
     stability_cap: float | None = hyper(None, key="cap", low=0.0, low_open=True)
     closed_rows: int | None = hyper(1024, key="rows", low=1)
+    kfac_rows: int | None = hyper(4096, key="kfac-rows", low=1)
     noise: str = hyper("fixed", choices=NOISES)
 
     def __post_init__(self) -> None:

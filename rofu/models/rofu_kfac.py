@@ -93,8 +93,8 @@ def prepare_kfac(
     generator: torch.Generator,
     arm_features: Tensor | None,
 ) -> KfacFactors:
-    """The factors of one checkpoint, estimated on the whole data sample, in float64
-    (`generator` is unused: every row is read; the signature is every estimator's).
+    """The factors of one checkpoint in float64, estimated on the data sample's rows, at
+    most `config.kfac_rows` of them (drawn from `generator` when the sample holds more).
 
     Raises:
         TypeError: `net` is not a `RewardNet`, whose layers the factors are of.
@@ -106,6 +106,9 @@ def prepare_kfac(
         )
     device, dtype = next(iter(theta.values())).device, next(iter(theta.values())).dtype
     sample = data.sample.to(device, dtype)
+    if config.kfac_rows is not None and len(sample) > config.kfac_rows:
+        drawn = torch.randperm(len(sample), generator=generator)[: config.kfac_rows]
+        sample = sample.subset(drawn.to(device))
     index, table = feature_rows(sample.arms, sample.features, arm_features)
     rows = features(net, theta, sample.x, index, table)
     n = max(len(sample), 1)
@@ -116,12 +119,18 @@ def prepare_kfac(
     last_h = hs[-1]
     per_arm = net.config.per_arm_outputs
     if per_arm:
-        onehot = deltas[-1]  # (N, A): row i's arm
-        blocks = torch.einsum("na,ni,nj->aij", onehot, last_h, last_h) / n  # (A, I, I)
-        last = Eigen.of(blocks)
+        last = Eigen.of(per_arm_blocks(last_h, sample.arms, deltas[-1].shape[1]) / n)
     else:
         last = Eigen.of(last_h.T @ last_h / n)
     return KfacFactors(inputs, outputs, last, per_arm, rows.bias)
+
+
+def per_arm_blocks(h: Tensor, arms: Tensor, n_arms: int) -> Tensor:
+    """(A, I, I) sum over each arm's rows of h h^T: one (n_a, I) product per arm, not the
+    (N, A, I, I) einsum over a one-hot, which cost A times the work."""
+    order = torch.argsort(arms)
+    counts = torch.bincount(arms, minlength=n_arms).tolist()
+    return torch.stack([rows.T @ rows for rows in torch.split(h[order], counts)])
 
 
 def kfac_gains(

@@ -11,7 +11,7 @@ from rofu.models.policies import LinUCB
 from rofu.models.prepared import prepare, score
 from rofu.models.rofu_closed import closed_gains, prepare_closed, span_share
 from rofu.models.rofu_config import regulariser_weights
-from rofu.models.rofu_kfac import kfac_gains, prepare_kfac
+from rofu.models.rofu_kfac import kfac_gains, per_arm_blocks, prepare_kfac
 from rofu.models.rofu_ntk import features
 from tests.factories import arm_features, make_data, make_net
 
@@ -206,3 +206,31 @@ def test_rofu_closed_estimates_the_curvature_on_at_most_closed_rows():
         net, theta, data, RofuConfig(l2=1.0, closed_rows=50), torch.Generator(), None
     )
     torch.testing.assert_close(again.eigenvalues, drawn.eigenvalues)  # one draw per generator
+
+
+def test_rofu_kfac_estimates_its_factors_on_at_most_kfac_rows():
+    net = make_net(hidden=(8,))
+    data = make_data(300, 6, 4, seed=2)
+    theta = dict(net.named_parameters())
+
+    def factors(rows, seed=0, of=data):
+        config = RofuConfig(estimator="ntk-kfac", l2=1.0, kfac_rows=rows)
+        return prepare_kfac(net, theta, of, config, torch.Generator().manual_seed(seed), None)
+
+    drawn = torch.randperm(300, generator=torch.Generator().manual_seed(0))[:50]
+    subset = factors(None, of=data.with_sample(data.sample.subset(drawn)))
+
+    def eigenvalues(f):
+        return [e.values for e in (*f.inputs, *f.outputs, f.last)]
+
+    for got, want in [(factors(50), subset), (factors(300), factors(None))]:
+        torch.testing.assert_close(eigenvalues(got), eigenvalues(want))
+    assert not torch.allclose(factors(50).last.values, factors(None).last.values)
+
+
+def test_rofu_kfac_per_arm_blocks_are_each_arms_sum_of_outer_products():
+    h = torch.randn(40, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    arms = torch.tensor([0, 2] * 20)  # arm 1 has no rows
+    onehot = torch.nn.functional.one_hot(arms, 3).to(torch.float64)
+    want = torch.einsum("na,ni,nj->aij", onehot, h, h)
+    torch.testing.assert_close(per_arm_blocks(h, arms, 3), want)
