@@ -17,6 +17,11 @@ minibatch 256, |D| = 20 000) it times, for 1 and for 32 concurrent contexts:
 
 every ROFU contender but `naive` is scored as the service scores, from a checkpoint prepared
 once (`rofu.models.prepared`: `prepare`, then `score`);
+- `served`: the headline, the product preset's estimator and selection rule (`PRODUCT`,
+  whatever estimator it names) on this network, as `rofu bench load` serves it (M and the
+  minibatch the workload's), prepared once as a replica prepares a checkpoint (the step
+  resolved under its cap, timed as `served_prepare`); every other ROFU row is another
+  configuration, labelled as such;
 - `neuralucb_diag` and `greedy` scoring on the same network;
 
 plus a plain fp32 matrix product for the machine's rate. Repetitions are interleaved
@@ -56,8 +61,10 @@ from rofu.models import (
 )
 from rofu.models.policies import NeuralUCB, NeuralUCBParams
 from rofu.models.prepared import PreparedModel, prepare, score
+from rofu.models.presets import PRODUCT
 from rofu.models.rofu import rofu_scores
 from rofu.models.rofu_naive import rofu_scores_naive
+from rofu.models.selection import choice_probabilities, draw_arms
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,20 @@ class Workload:
         steps = 2 * pairs * m * m * self.steps * (self.steps - 1) // 2
         return float(fwd + bwd + cross + steps)
 
+    def served_config(self) -> RofuConfig:
+        """The product preset's estimator with this workload's M and minibatch, as
+        `rofu bench load` configures its server (`rofu.bench.load.server_overrides`)."""
+        return dataclasses.replace(PRODUCT.rofu, steps=self.steps, minibatch_size=self.minibatch)
+
+    def served_flops(self, contexts: int) -> float | None:
+        """FLOPs of the served estimator for `contexts` contexts (None: not counted)."""
+        estimator = self.served_config().estimator
+        if estimator == "ntk":
+            return self.ntk_flops(contexts)
+        if estimator == "exact":
+            return self.exact_flops(contexts * self.n_arms, last_update=False)
+        return None
+
     def ntk_prepare_flops(self) -> float:
         """FLOPs of the basis: the rows' features and the kernel blocks between steps."""
         rows, m = self.steps * self.minibatch, self.minibatch
@@ -121,6 +142,7 @@ class Setup:
     data: RegulariserData
     neural_ucb: NeuralUCB
     config: RofuConfig
+    served: RofuConfig
 
 
 def _timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
@@ -151,7 +173,8 @@ def _setup(work: Workload, device: torch.device) -> Setup:
     data = RegulariserData(sample, work.n_data, torch.bincount(arms, minlength=work.n_arms))
     neural_ucb = NeuralUCB(net_config, params=NeuralUCBParams(z="diag"), device=device)
     neural_ucb.net.load_state_dict(net.state_dict())
-    return Setup(net, data, neural_ucb, RofuConfig(steps=work.steps, minibatch_size=work.minibatch))
+    config = RofuConfig(steps=work.steps, minibatch_size=work.minibatch)
+    return Setup(net, data, neural_ucb, config, work.served_config())
 
 
 def contenders(setup: Setup, contexts: torch.Tensor) -> dict[str, Callable[[], object]]:
@@ -184,7 +207,18 @@ def contenders(setup: Setup, contexts: torch.Tensor) -> dict[str, Callable[[], o
             .cpu()
         )
 
+    served_model = prepared(setup.served)
+    candidates = torch.ones(contexts.shape[0], net.config.n_arms, dtype=torch.bool)
+    uniforms = torch.rand(contexts.shape[0], generator=torch.Generator().manual_seed(3))
+
+    def served() -> object:  # the served rule decides, as a replica's scorer does
+        ucb = score(served_model, contexts, torch.Generator().manual_seed(2)).ucb
+        probabilities = choice_probabilities(ucb, candidates, setup.served.rule)
+        return draw_arms(probabilities, uniforms)
+
     fns: dict[str, Callable[[], object]] = {
+        "served": served,
+        "served_prepare": lambda: prepared(setup.served),
         "naive": lambda: rofu_scores_naive(
             net, contexts, data, config, torch.Generator().manual_seed(2)
         ),
@@ -240,10 +274,13 @@ def entry(work: Workload, batch: int, medians: dict[str, float], peak: float) ->
         "rofu_exact_graphs": work.exact_flops(batch * work.n_arms, last_update=False),
         "rofu_ntk": work.ntk_flops(batch),
         "ntk_prepare": work.ntk_prepare_flops(),
+        "served": work.served_flops(batch),
     }
-    flops = {name: f for name, f in flops.items() if name in medians}
+    flops = {name: f for name, f in flops.items() if name in medians and f is not None}
     out: dict[str, Any] = {f"{name}_ms": 1e3 * seconds for name, seconds in medians.items()}
     out["ratios"] = {
+        "served_over_greedy": medians["served"] / medians["greedy"],
+        "served_over_ntk": medians["served"] / medians["rofu_ntk"],
         "rofu_reference_over_exact": medians["rofu_reference"] / medians["rofu_exact"],
         "rofu_reference_chunked_over_exact": (
             medians["rofu_reference_chunked"] / medians["rofu_exact"]
@@ -311,6 +348,7 @@ def report(work: Workload, device: torch.device, repeats: int) -> dict[str, Any]
         entries[str(batch)] = entry(work, batch, medians, peak)
     return {
         "workload": dataclasses.asdict(work) | {"hidden": list(work.hidden)},
+        "served": dataclasses.asdict(work.served_config()),
         "device": str(device),
         "device_name": _device_name(device),
         "threads": torch.get_num_threads(),

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-#: The contenders, in the order they are timed and reported.
+#: The headline rows: the product preset, as a replica prepares and scores it.
+SERVED = ("served", "served_prepare")
+
+#: The other contenders (other configurations, labelled as such), in report order.
 CONTENDERS = (
     "naive",
     "rofu_reference",
@@ -30,24 +33,23 @@ def format_report(result: dict[str, Any]) -> str:
         f"workload: D={work['context_dim']}, A={work['n_arms']}, MLP "
         f"{work['context_dim']}-{'-'.join(map(str, work['hidden']))}-{work['n_arms']}, "
         f"M={work['steps']}, minibatch={work['minibatch']}, |D|={work['n_data']}",
+        f"served: the product preset ({_served(result['served'])}), prepared once as a "
+        "replica prepares a checkpoint; every other ROFU row is another configuration",
         f"fp32 matmul 2048x2048: {result['matmul_gflops']:.1f} GFLOP/s",
         "",
         f"{'contexts':>8}  {'contender':<22} {'median ms':>10} {'ms/context':>11} "
         f"{'% of matmul':>12} {'floor ms':>9}",
     ]
     for batch, row in result["contexts"].items():
-        for name in (*CONTENDERS, "ntk_prepare"):
-            if f"{name}_ms" not in row:
-                continue  # rofu_exact_graphs off CUDA
-            ms = row[f"{name}_ms"]
-            share = row["share_of_matmul"].get(name)
-            floor = row["flop_floor_ms"].get(name)
-            lines.append(
-                f"{batch:>8}  {name:<22} {ms:>10.2f} {ms / int(batch):>11.3f} "
-                f"{'' if share is None else f'{100 * share:.0f}%':>12} "
-                f"{'' if floor is None else f'{floor:.2f}':>9}"
-            )
+        lines += [_row(batch, row, name) for name in SERVED]
+        lines.append(f"{'':>8}  other configurations:")
+        others = (*CONTENDERS, "ntk_prepare")
+        lines += [_row(batch, row, name) for name in others if f"{name}_ms" in row]
         ratios = row["ratios"]
+        lines.append(
+            f"{'':>8}  served/greedy = {ratios['served_over_greedy']:.1f}x, "
+            f"served/rofu_ntk = {ratios['served_over_ntk']:.2f}x"
+        )
         lines.append(
             f"{'':>8}  reference/exact = {ratios['rofu_reference_over_exact']:.2f}x "
             f"(chunked reference/exact = {ratios['rofu_reference_chunked_over_exact']:.2f}x, "
@@ -76,6 +78,22 @@ def format_report(result: dict[str, Any]) -> str:
             f"same choice {_percent(c['same_choice_share'])}"
         )
     return "\n".join(lines)
+
+
+def _row(batch: str, row: dict[str, Any], name: str) -> str:
+    ms = row[f"{name}_ms"]
+    share = row["share_of_matmul"].get(name)
+    floor = row["flop_floor_ms"].get(name)
+    return (
+        f"{batch:>8}  {name:<22} {ms:>10.2f} {ms / int(batch):>11.3f} "
+        f"{'' if share is None else f'{100 * share:.0f}%':>12} "
+        f"{'' if floor is None else f'{floor:.2f}':>9}"
+    )
+
+
+def _served(config: dict[str, Any]) -> str:
+    keys = ("estimator", "baseline", "regulariser", "stability_cap", "noise", "selection")
+    return ", ".join(f"{key} {config[key]}" for key in keys)
 
 
 def _percent(value: float | None) -> str:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 
 import pytest
 import torch
 
 from rofu.bench import kernel, kernel_report
+from rofu.bench.load import server_overrides
+from rofu.models.presets import PRODUCT
+from rofu.service.settings import Settings
 
 TINY = kernel.Workload(context_dim=4, n_arms=3, hidden=(8,), steps=3, minibatch=16, n_data=120)
 
@@ -29,8 +34,11 @@ def test_bench_kernel_report_has_every_contender_ratio_and_share(device):
     assert set(result["contexts"]) == {"1", "32"}
     graphs = {"rofu_exact_graphs"} if device == "cuda" else set()  # CUDA graphs: a GPU only
     for row in result["contexts"].values():
-        for name in set(kernel_report.CONTENDERS) - {"rofu_exact_graphs"} | graphs:
+        for name in (
+            set(kernel_report.CONTENDERS + kernel_report.SERVED) - {"rofu_exact_graphs"} | graphs
+        ):
             assert row[f"{name}_ms"] > 0
+        assert row["ratios"]["served_over_greedy"] > 0
         assert ("rofu_exact_graphs_ms" in row) == bool(graphs)
         assert (
             set(row["share_of_matmul"])
@@ -41,6 +49,7 @@ def test_bench_kernel_report_has_every_contender_ratio_and_share(device):
                 "rofu_exact_chunk256",
                 "rofu_ntk",
                 "ntk_prepare",
+                "served",  # the product's estimator is ntk, whose FLOPs are counted
             }
             | graphs
         )
@@ -49,8 +58,9 @@ def test_bench_kernel_report_has_every_contender_ratio_and_share(device):
     for baseline in ("start", "drift"):
         near = result["closeness"][baseline]
         assert 0.0 <= near["same_choice_share"] <= 1.0
+    assert result["served"]["estimator"] == PRODUCT.rofu.estimator
     text = kernel_report.format_report(result)
-    assert "rofu_ntk" in text
+    assert text.index("served ") < text.index("other configurations") < text.index("rofu_ntk")
     assert "reference/exact" in text
     assert "exact at 256/exact" in text
     assert ("exact/graphs" in text) == bool(graphs)
@@ -68,3 +78,19 @@ def test_bench_kernel_refuses_bad_arguments(capsys):
     with pytest.raises(SystemExit):
         kernel.main(["--repeats", "0"])
     assert "--repeats must be >= 1" in capsys.readouterr().err
+
+
+def test_bench_kernel_serves_the_product_preset_as_the_load_benchmark_does():
+    work = kernel.Workload()
+    served = work.served_config()
+    assert served == dataclasses.replace(
+        PRODUCT.rofu, steps=work.steps, minibatch_size=work.minibatch
+    )
+    overrides = server_overrides(
+        argparse.Namespace(
+            n_data=20_000, trainer=False, torch_threads=None, estimator=PRODUCT.rofu.estimator
+        ),
+        "sqlite://",
+    )
+    settings = Settings(_env_file=None, **overrides)
+    assert settings.rofu_config() == served
