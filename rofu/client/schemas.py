@@ -144,6 +144,16 @@ class SelectResponse(BaseModel):
     )
 
 
+class ValidateResponse(BaseModel):
+    """A /select request checked as /select checks it, with nothing decided or stored."""
+
+    valid: bool = Field(description="Always true: an invalid request is a 422 instead")
+    context: list[float] = Field(description="The context vector the model would read")
+    arm_features: dict[str, list[float]] = Field(
+        default_factory=dict, description="Each per-request arm's feature vector, likewise"
+    )
+
+
 class RewardRequest(_Strict):
     """How did the decision of `event_id` go?"""
 

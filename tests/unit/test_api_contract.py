@@ -12,6 +12,7 @@ from tests.support import app_client
 
 API_PATHS = {
     "/v1/select",
+    "/v1/select/validate",
     "/v1/reward",
     "/v1/events/{event_id}/activate",
     "/v1/arms",

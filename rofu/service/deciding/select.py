@@ -59,10 +59,7 @@ async def decide(
     metrics: ServiceMetrics,
 ) -> SelectResponse:
     """Answer one /select request (the batch looks its key up, scores and stores it)."""
-    if isinstance(body.context, dict) or body.arm_features:  # hashing: off the event loop
-        context, arm_features = await run_in_threadpool(vectors, body, settings)
-    else:
-        context, arm_features = vectors(body, settings)
+    context, arm_features = await request_vectors(body, settings)
     pending = Pending(body, request_hash(body), context, arm_features)
     result = await within(settings.request_deadline_seconds, batcher.submit(pending))
     if isinstance(result, Exception):
@@ -72,6 +69,15 @@ async def decide(
         if result.row.deferred:
             metrics.deferred.labels("deferred").inc()
     return response(result.row)
+
+
+async def request_vectors(
+    body: SelectRequest, settings: Settings
+) -> tuple[tuple[float, ...], dict[str, tuple[float, ...]]]:
+    """`vectors`, off the event loop when there is hashing to do."""
+    if isinstance(body.context, dict) or body.arm_features:
+        return await run_in_threadpool(vectors, body, settings)
+    return vectors(body, settings)
 
 
 def vectors(
