@@ -2,7 +2,8 @@
 # Makes sure Postgres (127.0.0.1:5432, trust auth, database `test`) and Redis
 # (127.0.0.1:6379) answer: starts them when installed but stopped, installs them with
 # apt-get when absent. The integration and e2e tests need both. Also installs the
-# `prometheus` binary (tests/e2e/test_prometheus.py starts its own server with it).
+# `prometheus` binary (tests/e2e/test_prometheus.py starts its own server with it) and
+# `wrk`, the native load generator of `rofu bench load` (tests/e2e/test_bench_load.py).
 set -euo pipefail
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -68,7 +69,13 @@ ensure_prometheus() {  # the binary only: tests/e2e/test_prometheus.py runs its 
   fi
 }
 
+ensure_wrk() {
+  if command -v wrk >/dev/null 2>&1; then return 0; fi
+  apt_install --no-install-recommends wrk
+}
+
 ensure_postgres
 ensure_test_database
 ensure_redis
 ensure_prometheus
+ensure_wrk

@@ -5,15 +5,22 @@ regulariser minibatch 256, |D| = 20 000 synthetic rows, all of them the regulari
 sample, the network fitted on them) is stored in a fresh SQLite database (or the
 Postgres of `--database-url`) before `rofu serve` starts on it as a separate process,
 embedded trainer off unless `--trainer`; other `ROFU_*` variables of the environment pass
-through (e.g. ROFU_BATCH_MAX_WAIT_MS). Each concurrency `c` is driven by `c` client tasks
-sharing one connection pool of size `c`; each /select sends a fresh N(0, I) context and,
-after `--reward-fraction` of the decisions, the same task posts /reward (timed apart, but
-its time counts against select/s). A level's `--requests` and `--seconds` (whichever ends
-first) are split over `--rounds` visits, interleaved round robin with the other levels,
-each visit after a warm-up. The mean micro-batch size is the difference of the
-`rofu_select_batch_size` histogram on GET /metrics around each visit. Then `rofu_scores`
-is timed in-process on the same checkpoint at batch 1 and at every observed mean batch
-size (interleaved, medians). Client and server share the machine's cores.
+through (e.g. ROFU_BATCH_MAX_WAIT_MS). Each concurrency `c` is visited `--rounds` times,
+interleaved round robin with the other levels, each visit a share of `--seconds`:
+
+1. `wrk` (`rofu.bench.load_wrk`, native, one thread, `c` connections) posts /select, a
+   fresh N(0, I) context each, then as long the floor `/v1/select/validate` (the same
+   server's middleware and JSON stack, no scoring, no database). These give the level's
+   throughput and latency, and /select's share of the floor; the mean micro-batch size is
+   the difference of the `rofu_select_batch_size` histogram on GET /metrics around the
+   /select run.
+2. The Python client: `c` simulated apps, each with its own connection, post /select and,
+   after `--reward-fraction` of the decisions, /reward (up to `--requests` /select per
+   level), after a warm-up; every acknowledged reward is audited at the end.
+
+Then `rofu_scores` is timed in-process on the same checkpoint at batch 1 and at every
+observed mean batch size (interleaved, medians). Client and server share the machine's
+cores. `wrk` must be installed (`apt-get install wrk`; `scripts/services.sh` installs it).
 
     python -m rofu.bench.load [--concurrency 1,8,64] [--requests 2000] [--seconds 25]
         [--reward-fraction 0.5] [--database-url postgresql://...] [--json out.json]
@@ -23,7 +30,9 @@ size (interleaved, medians). Client and server share the machine's cores.
 `--workers` runs `rofu serve --workers N` (N processes, each micro-batching its own
 requests; the mean batch is then not measured, as each process has its own metrics).
 `--json` writes every figure, with `by_concurrency` giving per level `select_per_s`,
-`p50_ms`, `p99_ms` (of /select), `mean_batch` and `errors`.
+`p50_ms`, `p99_ms` (of /select, from wrk), `floor_per_s`, `floor_p99_ms`,
+`share_of_floor`, `shed` (503s), `mean_batch` and `errors` (every answer but a 200 or a
+documented 503, and socket errors, of both generators).
 
 Sustained mode (production readiness): `--trainer --seconds 300 --requests 100000000
 --concurrency 16 --rounds 1 --reward-fraction 1` keeps /select + /reward traffic up for
@@ -38,39 +47,27 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
 import platform
-import random
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import torch
 
-from rofu.bench.kernel import Workload
+from rofu.bench.load_drive import drive
 from rofu.bench.load_inprocess import audit_rewards, inprocess_seconds, seed_checkpoint
-from rofu.bench.load_report import (
-    BATCH_METRIC,
-    TARGET_S,
-    Level,
-    by_concurrency,
-    format_report,
-    histogram_delta,
-    json_safe,
-    level_figures,
-    parse_metrics,
-    server_count_within,
-)
-from rofu.client import AsyncRofuClient, Call, RofuError
+from rofu.bench.load_report import by_concurrency, format_report, json_safe, level_figures
+from rofu.bench.load_wrk import WrkError, wrk_binary
+from rofu.bench.workload import Workload
 from rofu.models.presets import PRODUCT
 from rofu.models.rofu_config import ESTIMATORS
 from rofu.service.runtime import resolve_device
@@ -219,103 +216,6 @@ def _ready(base_url: str) -> bool:
     return False
 
 
-# Driving the service ----------------------------------------------------------------------
-
-
-class _Budget:
-    def __init__(self, requests: int, seconds: float) -> None:
-        self.left, self.deadline = requests, time.perf_counter() + seconds
-
-    def take(self) -> bool:
-        if self.left <= 0 or time.perf_counter() >= self.deadline:
-            return False
-        self.left -= 1
-        return True
-
-
-T = TypeVar("T")
-
-
-async def _timed(call: Awaitable[T]) -> tuple[float, T | None]:
-    """(seconds, the result, or None when the call failed: every failure is an error)."""
-    start = time.perf_counter()
-    try:
-        result = await call
-    except RofuError:
-        return time.perf_counter() - start, None
-    return time.perf_counter() - start, result
-
-
-async def _client(
-    client: AsyncRofuClient, budget: _Budget, level: Level, rng: random.Random, rewards: float
-) -> None:
-    dim = Workload().context_dim
-    while budget.take():
-        context = [rng.gauss(0, 1) for _ in range(dim)]
-        seconds, decision = await _timed(client.select(context))
-        level.select.append(seconds)
-        if decision is None:
-            level.select_errors += 1
-            continue
-        level.policies[decision.policy] = level.policies.get(decision.policy, 0) + 1
-        if rng.random() < rewards:
-            value = rng.gauss(0, 1)
-            seconds, stored = await _timed(client.reward(decision.event_id, value))
-            level.reward.append(seconds)
-            level.reward_errors += int(stored is None)
-            if stored is not None:
-                level.acked[decision.event_id] = value
-
-
-async def visit(base_url: str, level: Level, args: argparse.Namespace, rng: random.Random) -> None:
-    """Warm up, then measure one share of a level's budget, adding to `level`.
-
-    Each of the level's `c` simulated apps has its own client with one keep-alive
-    connection, as `c` app instances would: httpcore scans its whole pool on every
-    request, so one client with `c` connections costs the load generator O(c) per call
-    (measured at c = 64: two thirds of the generator's CPU, which shares the machine with
-    the server).
-    """
-    c = level.concurrency
-    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-    requests, seconds = math.ceil(args.requests / args.rounds), args.seconds / args.rounds
-    # No retries: a load test counts every refused or failed call as an error.
-    clients = [AsyncRofuClient(base_url, timeout_s=60, retries=0, limits=limits) for _ in range(c)]
-    async with contextlib.AsyncExitStack() as stack:
-        for client in clients:
-            await stack.enter_async_context(client)
-        warm = _Budget(args.warmup, seconds)
-        await asyncio.gather(*(_client(client, warm, Level(c), rng, 0.0) for client in clients))
-        before = await _metrics(clients[0], args.workers)
-        budget, start = _Budget(requests, seconds), time.perf_counter()
-        tasks = (_client(client, budget, level, rng, args.reward_fraction) for client in clients)
-        await asyncio.gather(*tasks)
-        level.seconds += time.perf_counter() - start
-        after = await _metrics(clients[0], args.workers)
-    batch_sum, batch_count = histogram_delta(before, after, BATCH_METRIC)
-    level.batch_sum += batch_sum
-    level.batch_count += batch_count
-    level.server_selects += server_count_within(before, after, "+Inf")
-    level.server_within_target += server_count_within(before, after, f"{TARGET_S}")
-
-
-async def _metrics(client: AsyncRofuClient, workers: int) -> dict[str, float]:
-    """The server's metrics; none with several workers (a scrape reaches one of them)."""
-    if workers > 1:
-        return {}
-    return parse_metrics((await client.send(Call("GET", "/metrics"))).text)
-
-
-async def drive(base_url: str, args: argparse.Namespace) -> list[Level]:
-    """Every level, `--rounds` times round robin."""
-    levels = [Level(c) for c in args.concurrency]
-    for round_ in range(args.rounds):
-        for level in levels:
-            rng = random.Random(f"{args.seed}/{round_}/{level.concurrency}")
-            await visit(base_url, level, args, rng)
-    return levels
-
-
 def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """Store the checkpoint, serve it, drive every level, time ROFU in-process."""
     database_url = args.database_url or f"sqlite:///{workdir}/load.sqlite"
@@ -363,6 +263,11 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m rofu.bench.load` and `rofu bench load`."""
     args = parse_args(argv)
+    try:
+        wrk_binary()  # before a checkpoint is fitted or a server started
+    except WrkError as error:
+        print(f"rofu bench load: {error}", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="rofu-load-") as workdir:
         try:
             result = run(args, Path(workdir))

@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from rofu.bench.load_wrk import WrkSeries
+
 BATCH_METRIC = "rofu_select_batch_size"
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{.*\})?)\s+(\S+)")
@@ -77,6 +79,8 @@ class Level:
     acked: dict[str, float] = field(default_factory=dict)  # event_id -> acknowledged reward
     server_selects: float = 0.0  # /select the server timed (one worker only)
     server_within_target: float = 0.0  # of which within TARGET_S
+    wrk_select: WrkSeries = field(default_factory=WrkSeries)  # wrk on /select
+    wrk_floor: WrkSeries = field(default_factory=WrkSeries)  # wrk on the floor
 
     @property
     def mean_batch(self) -> float | None:
@@ -85,30 +89,44 @@ class Level:
 
 
 def level_figures(level: Level, inproc: dict[int, float]) -> dict[str, Any]:
-    """Throughput, latency percentiles (ms) and ratios to in-process ROFU for one level."""
+    """One level's figures: /select and the floor from wrk (throughput, latency in ms, the
+    share of the floor), the Python client's /select + /reward mix, and ratios to
+    in-process ROFU at the level's mean batch."""
     batch = max(1, round(level.mean_batch or 1))
+    select, floor = level.wrk_select.figures(), level.wrk_floor.figures()
+    per_decision = 1.0 / select["per_s"] if select["per_s"] > 0 else math.nan  # s of wall time
+    p50 = select["p50_ms"] / 1e3
     done = len(level.select) - level.select_errors
-    per_decision = level.seconds / done if done else math.nan  # s of wall time per decision
-    p50, p99 = percentile(level.select, 50), percentile(level.select, 99)
+    client_errors = level.select_errors + level.reward_errors
     return {
         "concurrency": level.concurrency,
-        "seconds": level.seconds,
+        "select_per_s": select["per_s"],  # of /select, from wrk, as the next four
+        "p50_ms": select["p50_ms"],
+        "p99_ms": select["p99_ms"],
+        "shed": select["shed"],  # 503 overloaded: the documented answer of a full queue
+        "wrk_requests": select["requests"],
+        "floor_per_s": floor["per_s"],
+        "floor_p50_ms": floor["p50_ms"],
+        "floor_p99_ms": floor["p99_ms"],
+        "share_of_floor": select["per_s"] / floor["per_s"] if floor["per_s"] > 0 else math.nan,
+        "p99_over_floor_p99": (
+            select["p99_ms"] / floor["p99_ms"] if floor["p99_ms"] > 0 else math.nan
+        ),
+        "errors": int(select["errors"] + floor["errors"]) + client_errors,
+        "seconds": level.seconds,  # the Python client's, as every key below to "policies"
         "selects": len(level.select),
         "select_errors": level.select_errors,
-        "errors": level.select_errors + level.reward_errors,
-        "select_per_s": done / level.seconds if level.seconds else math.nan,
-        "p50_ms": 1e3 * p50,  # of /select, as the two below
-        "p99_ms": 1e3 * p99,
-        "select_p50_ms": 1e3 * p50,
-        "select_p99_ms": 1e3 * p99,
+        "client_select_per_s": done / level.seconds if level.seconds else math.nan,
+        "select_p50_ms": 1e3 * percentile(level.select, 50),
+        "select_p99_ms": 1e3 * percentile(level.select, 99),
         "rewards": len(level.reward),
         "reward_errors": level.reward_errors,
         "reward_p50_ms": 1e3 * percentile(level.reward, 50),
         "reward_p99_ms": 1e3 * percentile(level.reward, 99),
         "policies": level.policies,
         "mean_batch": level.mean_batch,
-        # The share of /select slower than 250 ms by the server's own clock (None with
-        # several workers): the client's p99 also holds the load generator's waits.
+        # The share of /select slower than 250 ms by the server's own clock during the wrk
+        # runs (None with several workers).
         "server_over_250ms_share": (
             1.0 - level.server_within_target / level.server_selects
             if level.server_selects
@@ -123,7 +141,17 @@ def level_figures(level: Level, inproc: dict[int, float]) -> dict[str, Any]:
     }
 
 
-SUMMARY_KEYS = ("select_per_s", "p50_ms", "p99_ms", "mean_batch", "errors")
+SUMMARY_KEYS = (
+    "select_per_s",
+    "p50_ms",
+    "p99_ms",
+    "floor_per_s",
+    "floor_p99_ms",
+    "share_of_floor",
+    "shed",
+    "mean_batch",
+    "errors",
+)
 
 
 def by_concurrency(levels: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -150,32 +178,48 @@ def format_report(result: dict[str, Any]) -> str:
         f"{'-'.join(map(str, work['hidden']))}-{work['n_arms']}, M={work['steps']}, minibatch="
         f"{work['minibatch']}, |D|={result['n_data']} synthetic rows, checkpoint "
         f"v{result['version']} (v{result['final_version']} served at the end)",
-        f"per level: up to {result['requests']} /select or {result['seconds']:g} s over "
-        f"{result['rounds']} interleaved visits, each after {result['warmup']} warm-up "
-        f"/select; /reward after {result['reward_fraction']:.0%} of decisions",
-        f"decisions by policy: {', '.join(f'{k} {v}' for k, v in sorted(policies.items()))}; "
-        f"errors (/select and /reward): {sum(r['errors'] for r in rows)}"
+        f"per level: {result['rounds']} interleaved visits of {result['seconds']:g} s in all "
+        "on each of: wrk on /select, wrk on the floor (/v1/select/validate: same stack, no "
+        f"scoring, no database), the Python client (up to {result['requests']} /select, each "
+        f"visit after {result['warmup']} warm-up; /reward after "
+        f"{result['reward_fraction']:.0%} of decisions)",
+        f"decisions by policy (Python client): "
+        f"{', '.join(f'{k} {v}' for k, v in sorted(policies.items()))}; errors (every answer "
+        f"but a 200 or a 503 overloaded, both generators): {sum(r['errors'] for r in rows)}"
         + ("; mean batch n/a: each worker process has its own metrics" if multi else ""),
         "",
-        f"{'conc':>5} {'selects':>7} {'err':>4} {'select/s':>9} {'p50 ms':>8} {'p99 ms':>8}"
-        f" | {'rewards':>7} {'err':>4} {'p50 ms':>8} {'p99 ms':>8} | {'mean batch':>10}"
-        f" {'server >250ms':>13}",
+        f"{'conc':>5} {'select/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'503s':>6} | "
+        f"{'floor/s':>8} {'p99 ms':>8} | {'of floor':>8} {'p99/floor':>9} | "
+        f"{'mean batch':>10} {'server >250ms':>13}",
     ]
     for r in rows:
         batch = "n/a" if r["mean_batch"] is None else f"{r['mean_batch']:.2f}"
         over = r.get("server_over_250ms_share")
         lines.append(
-            f"{r['concurrency']:>5} {r['selects']:>7} {r['select_errors']:>4} "
-            f"{r['select_per_s']:>9.1f} {r['select_p50_ms']:>8.2f} {r['select_p99_ms']:>8.2f}"
-            f" | {r['rewards']:>7} {r['reward_errors']:>4} {r['reward_p50_ms']:>8.2f} "
-            f"{r['reward_p99_ms']:>8.2f} | {batch:>10} "
+            f"{r['concurrency']:>5} {r['select_per_s']:>9.1f} {r['p50_ms']:>8.2f} "
+            f"{r['p99_ms']:>8.2f} {r['shed']:>6.0f} | {r['floor_per_s']:>8.1f} "
+            f"{r['floor_p99_ms']:>8.2f} | {100 * r['share_of_floor']:>7.1f}% "
+            f"{r['p99_over_floor_p99']:>8.2f}x | {batch:>10} "
             f"{'n/a' if over is None else f'{100 * over:.2f}%':>13}"
         )
     lines.append(
-        "server >250ms: the share of /select the server itself timed over 250 ms (one "
-        "worker only); the client's p99 also holds the load generator's own waits."
+        "wrk: one native thread; latency from send to last byte. server >250ms: the share of "
+        "/select the server itself timed over 250 ms during the wrk runs (one worker only)."
     )
-    lines += ["", f"in-process rofu_scores, same checkpoint, median of {result['repeats']}:"]
+    lines += [
+        "",
+        "Python client (/select + /reward mix; its p99 holds the generator's own waits):",
+        f"{'conc':>5} {'selects':>7} {'err':>4} {'select/s':>9} {'p50 ms':>8} {'p99 ms':>8}"
+        f" | {'rewards':>7} {'err':>4} {'p50 ms':>8} {'p99 ms':>8}",
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['concurrency']:>5} {r['selects']:>7} {r['select_errors']:>4} "
+            f"{r['client_select_per_s']:>9.1f} {r['select_p50_ms']:>8.2f} "
+            f"{r['select_p99_ms']:>8.2f} | {r['rewards']:>7} {r['reward_errors']:>4} "
+            f"{r['reward_p50_ms']:>8.2f} {r['reward_p99_ms']:>8.2f}"
+        )
+    lines += ["", f"in-process served scoring, same checkpoint, median of {result['repeats']}:"]
     for b, s in result["inproc_seconds"].items():
         lines.append(f"  batch {b:>4}: {1e3 * s:8.2f} ms/batch  {1e3 * s / b:8.3f} ms/decision")
     lines += [
@@ -190,9 +234,10 @@ def format_report(result: dict[str, Any]) -> str:
             f"{r['p50_over_inproc_b1']:>15.2f}x {r['p50_over_inproc_batch']:>17.2f}x"
         )
     lines.append(
-        "HTTP ms/dec: wall time per decision, 1 / (select/s); in-proc ms/dec: one rofu_scores "
-        "call / batch, at the level's mean batch size (rounded); p50/in-proc: /select p50 "
-        "over one rofu_scores call of batch 1 or of the mean batch size."
+        "HTTP ms/dec: wall time per decision, 1 / (wrk's select/s); in-proc ms/dec: one "
+        "served scoring call "
+        "/ batch, at the level's mean batch size (rounded); p50/in-proc: wrk's /select p50 "
+        "over one scoring call of batch 1 or of the mean batch size."
     )
     audit = result.get("reward_audit")
     if audit is not None:

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from rofu.bench import load, load_inprocess, load_report
+from rofu.bench import load, load_inprocess, load_report, load_wrk
 from rofu.models.presets import PRODUCT
 from rofu.service.settings import Settings
 
@@ -127,13 +127,35 @@ def test_server_serves_the_service_estimator_unless_told() -> None:
         load.parse_args(["--estimator", "fast"])
 
 
+WRK_LINE = (
+    'ROFU_WRK {"requests": 1210, "duration_us": 2000000, "connect_errors": 0, '
+    '"read_errors": 1, "write_errors": 0, "timeouts": 2, "p50_us": 20000, "p90_us": 30000, '
+    '"p99_us": 40000, "max_us": 90000, "statuses": {"200": 1000, "503": 200, "500": 10}}'
+)
+
+
+def _wrk(ok: int, seconds: float, p50: float, p99: float) -> load_wrk.WrkRun:
+    return load_wrk.WrkRun(ok, seconds, {200: ok}, 0, p50, p50, p99)
+
+
 def _level() -> load_report.Level:
     level = load_report.Level(concurrency=8, seconds=2.0)
     level.select = [0.010, 0.020, 0.030, 0.040]
     level.select_errors, level.reward_errors = 1, 2
     level.reward = [0.005]
     level.batch_sum, level.batch_count = 12.0, 4.0
+    level.wrk_select.runs += [_wrk(300, 2.0, 0.020, 0.050), _wrk(100, 2.0, 0.030, 0.070)]
+    level.wrk_floor.runs += [_wrk(2000, 2.0, 0.002, 0.010), _wrk(2000, 2.0, 0.004, 0.030)]
     return level
+
+
+def test_wrk_run_parses_the_scripts_line_and_tells_503s_from_errors() -> None:
+    run = load_wrk.WrkRun.parse("Running 2s test\n" + WRK_LINE + "\n")
+    assert (run.requests, run.seconds, run.ok, run.shed) == (1210, 2.0, 1000, 200)
+    assert run.errors == 10 + 3  # the 500s and the socket errors; 503s are documented
+    assert (run.p50, run.p99, run.per_s) == (0.02, 0.04, 500.0)
+    with pytest.raises(load_wrk.WrkError, match="printed no result"):
+        load_wrk.WrkRun.parse("Running 2s test\n")
 
 
 def test_level_figures_have_the_headline_keys_per_concurrency() -> None:
@@ -141,15 +163,27 @@ def test_level_figures_have_the_headline_keys_per_concurrency() -> None:
     headline = load_report.by_concurrency(rows)
     assert list(headline) == ["8"]
     assert headline["8"] == {
-        "select_per_s": pytest.approx(1.5),  # 3 answered in 2 s
-        "p50_ms": pytest.approx(25.0),
-        "p99_ms": pytest.approx(39.7),
+        "select_per_s": pytest.approx(100.0),  # 400 answered in 4 s of wrk
+        "p50_ms": pytest.approx(25.0),  # the median of the visits' p50s
+        "p99_ms": pytest.approx(60.0),
+        "floor_per_s": pytest.approx(1000.0),
+        "floor_p99_ms": pytest.approx(20.0),
+        "share_of_floor": pytest.approx(0.1),
+        "shed": 0.0,
         "mean_batch": 3.0,
-        "errors": 3,
+        "errors": 3,  # the Python client's; wrk had none
     }
-    assert rows[0]["select_p50_ms"] == rows[0]["p50_ms"]  # the former keys stay
-    assert rows[0]["select_errors"] == 1
+    assert rows[0]["client_select_per_s"] == pytest.approx(1.5)  # 3 answered in 2 s
+    assert rows[0]["select_p50_ms"] == pytest.approx(25.0)  # the Python client's
+    assert rows[0]["p99_over_floor_p99"] == pytest.approx(3.0)
+    assert rows[0]["http_ms_per_decision"] == pytest.approx(10.0)  # 1 / (100 /s)
     assert json.loads(json.dumps(load_report.json_safe({"by_concurrency": headline})))
+
+
+def test_load_refuses_to_start_without_wrk(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(load_wrk.shutil, "which", lambda _: None)
+    assert load.main(["--seconds", "1"]) == 2
+    assert "wrk is not installed: `apt-get install wrk`" in capsys.readouterr().err
 
 
 def test_format_report_names_workers_threads_and_errors() -> None:
@@ -181,7 +215,9 @@ def test_format_report_names_workers_threads_and_errors() -> None:
     }
     report = load_report.format_report(result)
     assert "server: 2 worker process(es), torch threads 1" in report
-    assert "errors (/select and /reward): 3" in report
+    assert "both generators): 3" in report
+    assert "floor (/v1/select/validate" in report
+    assert report.index("select/s") < report.index("Python client (/select + /reward mix")
     assert "mean batch n/a" in report
 
 
