@@ -9,13 +9,20 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
+from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 
 from rofu.service import migrate
 from rofu.service.api.security import KeyRing
 from rofu.service.db import arms as arm_rows
 from rofu.service.db import faults
-from rofu.service.db.engine import DatabaseLimits, make_engine, probe_write, session_factory
+from rofu.service.db.engine import (
+    DatabaseLimits,
+    in_memory,
+    make_engine,
+    probe_write,
+    session_factory,
+)
 from rofu.service.db.write_health import WriteHealth
 from rofu.service.deciding.batch import DecisionBatch, Pending, Result
 from rofu.service.deciding.batcher import MicroBatcher
@@ -66,6 +73,11 @@ class Runtime:
         self.writes = WriteHealth()
         self.writes.watch(self.engine)
         self.sessions = session_factory(self.engine)
+        self.decision_engine = self._decision_engine()
+        decision_sessions = self.sessions
+        if self.decision_engine is not self.engine:
+            self.writes.watch(self.decision_engine)
+            decision_sessions = session_factory(self.decision_engine)
         self.catalogue = CatalogueCache(self.sessions, settings.arm_refresh_seconds)
         self.holder = SnapshotHolder()
         max_bytes = settings.checkpoint_byte_limit()
@@ -84,7 +96,7 @@ class Runtime:
         )
         decisions = DecisionBatch(
             scorer,
-            self.sessions,
+            decision_sessions,
             self.catalogue,
             on_scored=self.metrics.batch_size.observe,
             apprentice=settings.learning_mode == "apprentice",
@@ -122,6 +134,15 @@ class Runtime:
         self.metrics.track_checkpoint_age(
             lambda: None if self.holder.current is None else self.holder.current.created_at
         )
+
+    def _decision_engine(self) -> Engine:
+        """The engine /select stores its decisions with: the main one under
+        `ROFU_DECISION_DURABILITY=flush` (and for an in-memory SQLite database, which a
+        second engine would not share), else one whose commits are not flushed."""
+        url = self.settings.database_url
+        if self.settings.decision_durability == "flush" or in_memory(url):
+            return self.engine
+        return make_engine(url, DatabaseLimits.of(self.settings), flush=False)
 
     async def start(self) -> None:
         """Set torch's threads, check the schema, seed arms, load the checkpoint, start loops."""
@@ -248,3 +269,4 @@ class Runtime:
         if self.redis is not None:
             self.redis.close()
         self.engine.dispose()
+        self.decision_engine.dispose()

@@ -154,6 +154,12 @@ class Settings(_ModelSettings):
     # does (a frozen one enforces none of the timeouts above): then a 503. The work may
     # still finish; a retry with the same event_id then finds it, never a second copy.
     request_deadline_seconds: Annotated[float, Field(gt=0, le=600)] = 15.0
+    # When /select answers, its decision is stored: `flush` on stable storage (it survives
+    # a power loss; one fsync per micro-batch), `process` durable across a crash of the
+    # rofu process but not of the machine (SQLite synchronous=NORMAL, Postgres
+    # synchronous_commit off, for decision writes only). A reward, an activation and a
+    # checkpoint are always flushed before their 2xx.
+    decision_durability: Literal["flush", "process"] = "flush"
 
     # online: serve rofu's choice (a request's baseline_arm is only recorded); apprentice:
     # serve the app's baseline_arm, log rofu's choice beside it, learn from the baseline's

@@ -186,22 +186,52 @@ async def test_batcher_fails_every_waiter_on_wrong_result_count() -> None:
 
 @pytest.mark.anyio
 async def test_batcher_skips_a_waiter_cancelled_before_its_batch() -> None:
-    handler = Recorder()
+    started, release = threading.Event(), threading.Event()
+    batches: list[list[int]] = []
+
+    def held(items: list[int]) -> list[int]:
+        batches.append(list(items))
+        started.set()
+        release.wait(HANG_GUARD_S)
+        return [item * 10 for item in items]
+
     sizes: list[int] = []
-    batcher = MicroBatcher(handler, max_size=3, max_wait_s=FOREVER_S, on_batch=sizes.append)
+    batcher = MicroBatcher(held, max_size=3, max_wait_s=FOREVER_S, on_batch=sizes.append)
     try:
-        with anyio.fail_after(HANG_GUARD_S):
-            gone = asyncio.create_task(batcher.submit(1))
+        with anyio.fail_after(HANG_GUARD_S + 5):
+            first = asyncio.create_task(batcher.submit(0))  # alone: handled at once, held
+            while not started.is_set():
+                await asyncio.sleep(0.001)
+            gone = asyncio.create_task(batcher.submit(1))  # queued behind the held batch
             await _settle()
             gone.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await gone
-            results = await asyncio.gather(batcher.submit(2), batcher.submit(3))
+            rest = [asyncio.create_task(batcher.submit(i)) for i in (2, 3)]
+            await _settle()
+            release.set()
+            results = await asyncio.gather(first, *rest)
+    finally:
+        release.set()
+        await batcher.aclose()
+    assert results == [0, 20, 30]
+    assert batches == [[0], [2, 3]]  # the cancelled item never reached the handler
+    assert sizes == [1, 2]
+
+
+@pytest.mark.anyio
+async def test_batcher_does_not_hold_a_lone_item_for_the_window() -> None:
+    handler = Recorder()
+    batcher = MicroBatcher(handler, max_size=8, max_wait_s=FOREVER_S)
+    try:
+        with anyio.fail_after(HANG_GUARD_S):  # FOREVER_S would be waited for company
+            assert await batcher.submit(1) == 10
+            assert await batcher.submit(2) == 20
+            together = await asyncio.gather(*(batcher.submit(i) for i in (3, 4, 5, 6, 7, 8, 9, 10)))
     finally:
         await batcher.aclose()
-    assert results == [20, 30]
-    assert handler.batches == [[2, 3]]  # the cancelled item never reached the handler
-    assert sizes == [2]
+    assert together == [i * 10 for i in range(3, 11)]
+    assert handler.batches == [[1], [2], [3, 4, 5, 6, 7, 8, 9, 10]]  # company is still waited for
 
 
 @pytest.mark.anyio

@@ -70,15 +70,22 @@ def normalise_url(url: str) -> str:
     return url
 
 
-def make_engine(url: str, limits: DatabaseLimits | None = None) -> Engine:
+def make_engine(url: str, limits: DatabaseLimits | None = None, *, flush: bool = True) -> Engine:
     """An engine; SQLite gets WAL, full fsync, foreign keys and a busy timeout.
 
     With `limits` every wait is bounded by them; without (migrations, the trainer, the
-    CLI) statements may run and wait for locks as long as they need.
+    CLI) statements may run and wait for locks as long as they need. `flush=False` gives
+    an engine whose commits return before they reach stable storage (SQLite
+    `synchronous=NORMAL`, Postgres `synchronous_commit = off`): durable across a crash of
+    this process, not across an operating-system crash or a power loss
+    (`ROFU_DECISION_DURABILITY`).
     """
     url = normalise_url(url)
     if not url.startswith("sqlite"):
-        return _postgres_engine(url, limits)
+        engine = _postgres_engine(url, limits)
+        if not flush:
+            event.listen(engine, "connect", _postgres_unflushed_commits)
+        return engine
     database = make_url(url).database
     file_backed = bool(database) and database != ":memory:"
     if file_backed:
@@ -88,12 +95,18 @@ def make_engine(url: str, limits: DatabaseLimits | None = None) -> Engine:
     engine = create_engine(
         url, connect_args={"check_same_thread": False, "timeout": busy_ms / 1000}, **options
     )
-    event.listen(engine, "connect", functools.partial(_sqlite_pragmas, busy_ms))
+    event.listen(engine, "connect", functools.partial(_sqlite_pragmas, busy_ms, flush))
     if file_backed:  # before a new connection's first statement, and before every one
         guard = functools.partial(_refuse_unwritable_shm, f"{database}-shm")
         event.listen(engine, "connect", guard, insert=True)
         event.listen(engine, "before_cursor_execute", guard)
     return engine
+
+
+def in_memory(url: str) -> bool:
+    """Whether `url` names an in-memory SQLite database (one per engine, never shared)."""
+    url = normalise_url(url)
+    return url.startswith("sqlite") and make_url(url).database in (None, "", ":memory:")
 
 
 class MissingDatabase(ValueError):
@@ -162,11 +175,18 @@ def _postgres_timeouts(limits: DatabaseLimits, dbapi_connection: Any, _record: o
     dbapi_connection.commit()
 
 
-def _sqlite_pragmas(busy_ms: int, dbapi_connection: Any, _record: object) -> None:
+def _postgres_unflushed_commits(dbapi_connection: Any, _record: object) -> None:
+    with dbapi_connection.cursor() as cursor:
+        cursor.execute("SET synchronous_commit = off")
+    dbapi_connection.commit()
+
+
+def _sqlite_pragmas(busy_ms: int, flush: bool, dbapi_connection: Any, _record: object) -> None:
     cursor = dbapi_connection.cursor()
     for pragma in (
         "journal_mode=WAL",
-        "synchronous=FULL",  # an acknowledged reward survives power loss
+        # FULL: an acknowledged reward survives power loss; NORMAL: a process crash only
+        "synchronous=FULL" if flush else "synchronous=NORMAL",
         "foreign_keys=ON",
         f"busy_timeout={int(busy_ms)}",
     ):

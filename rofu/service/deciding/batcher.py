@@ -31,7 +31,8 @@ class MicroBatcher(Generic[T, R]):
         handler: maps a list of items to a list of results of the same length; runs in
             a dedicated worker thread.
         max_size: largest batch.
-        max_wait_s: longest time the first item of a batch waits for company.
+        max_wait_s: longest time the first item of a batch waits for company; an item
+            alone in the batcher (nothing else queued or being handled) does not wait.
         on_batch: called with each batch's size (e.g. a metrics histogram); an error it
             raises fails that batch like a handler error.
         max_pending: most items held at once (`pending`); None: no bound.
@@ -107,7 +108,10 @@ class MicroBatcher(Generic[T, R]):
             if first is None:  # aclose(): everything queued before it is done
                 return
             batch, stopping = [first], False
-            deadline = loop.time() + self._max_wait_s
+            # A request alone in the process (nothing else queued or being handled) has no
+            # company coming that it knows of: it goes at once rather than wait the window.
+            alone = self._pending == 1
+            deadline = loop.time() + (0.0 if alone else self._max_wait_s)
             while len(batch) < self._max_size:
                 try:
                     entry = await self._next(deadline - loop.time())
