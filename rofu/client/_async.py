@@ -102,10 +102,11 @@ class AsyncRofuClient:
         defer: bool = False,
         arm_features: Mapping[str, Context] | None = None,
         baseline_arm: str | None = None,
+        explain: bool = False,
     ) -> SelectResponse:
         """POST /v1/select (see `RofuClient.select`)."""
         call = select_call(
-            context, event_id, arms, exclude, explore, defer, arm_features, baseline_arm
+            context, event_id, arms, exclude, explore, defer, arm_features, baseline_arm, explain
         )
         return parse(SELECTED, await self.send(call))
 

@@ -63,6 +63,7 @@ def select_call(
     defer: bool = False,
     arm_features: Mapping[str, Context] | None = None,
     baseline_arm: str | None = None,
+    explain: bool = False,
 ) -> Call:
     """POST /v1/select with the arguments given (None: left out)."""
     body: dict[str, Any] = {
@@ -79,6 +80,8 @@ def select_call(
         body["arm_features"] = {arm: _features(z) for arm, z in arm_features.items()}
     if baseline_arm is not None:
         body["baseline_arm"] = baseline_arm
+    if explain:  # left out otherwise, for servers that predate it
+        body["explain"] = True
     return Call("POST", "/v1/select", body)
 
 

@@ -98,15 +98,17 @@ class RofuClient:
         defer: bool = False,
         arm_features: Mapping[str, Context] | None = None,
         baseline_arm: str | None = None,
+        explain: bool = False,
     ) -> SelectResponse:
         """POST /v1/select: a decision (the same one again for a repeated `event_id`).
 
         `context` is a vector of context_dim numbers or an object of named features;
         `arm_features` gives candidates per-request features (arm-feature models); with
         `defer`, the decision is trained on only once `activate` activates it;
-        `baseline_arm` is the app's own choice (served in apprentice mode)."""
+        `baseline_arm` is the app's own choice (served in apprentice mode); with
+        `explain`, the answer's `explanations` say which features moved each mean."""
         call = select_call(
-            context, event_id, arms, exclude, explore, defer, arm_features, baseline_arm
+            context, event_id, arms, exclude, explore, defer, arm_features, baseline_arm, explain
         )
         return parse(SELECTED, self.send(call))
 

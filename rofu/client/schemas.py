@@ -79,6 +79,12 @@ class SelectFields(_Strict, Generic[FeaturesT]):
         description="True: trained on only once POST /v1/events/{event_id}/activate "
         "activates it within the reward window (the app may not show the choice)",
     )
+    explain: bool = Field(
+        default=False,
+        description="True: the answer's `explanations` give, per candidate, the context "
+        "features that moved its mean the most (gradient x input); not part of the "
+        "request's identity (a repeat with the same event_id replays without them)",
+    )
     arm_features: dict[ArmId, FeaturesT] | None = Field(
         default=None,
         description="Per-request arm features (arm-feature models only): candidate arm id "
@@ -118,6 +124,26 @@ class ArmProbability(BaseModel):
     probability: float
 
 
+class FeatureContribution(BaseModel):
+    """One context feature's pull on an arm's estimated mean."""
+
+    feature: str = Field(
+        description="`context[i]` for a dense context; a named entry's name "
+        "(`user.country=fr`, `hour`) for a named one"
+    )
+    index: int = Field(description="Its index in the context vector the model reads")
+    contribution: float = Field(
+        description="d mean / d x_index times the entry's value (gradient x input)"
+    )
+
+
+class ArmExplanation(BaseModel):
+    """Why one candidate's mean is what it is: its largest contributions first."""
+
+    arm: str
+    features: list[FeatureContribution]
+
+
 class SelectResponse(BaseModel):
     """The decision, the scores it was made from and every candidate's probability."""
 
@@ -141,6 +167,12 @@ class SelectResponse(BaseModel):
     )
     deferred: bool = Field(
         default=False, description="Logged with `defer`: awaits activation to be trained on"
+    )
+    explanations: list[ArmExplanation] | None = Field(
+        default=None,
+        description="With `explain: true`, per candidate in the order of `scores`, the 5 "
+        "context features with the largest contributions to its mean; null otherwise, on a "
+        "cold start and for a replayed event_id",
     )
 
 

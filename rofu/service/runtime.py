@@ -100,6 +100,7 @@ class Runtime:
             self.catalogue,
             on_scored=self.metrics.batch_size.observe,
             apprentice=settings.learning_mode == "apprentice",
+            hash_seed=settings.feature_hash_seed,
         )
         self.batcher: MicroBatcher[Pending, Result] = MicroBatcher(
             decisions,

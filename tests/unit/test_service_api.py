@@ -584,6 +584,7 @@ async def test_service_openapi_lists_the_api(service: Service) -> None:
         "explore",
         "baseline_arm",
         "defer",
+        "explain",
         "arm_features",
     }
     assert request["required"] == ["context"]

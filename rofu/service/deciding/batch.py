@@ -16,12 +16,14 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.exc import IntegrityError
 
+from rofu.client.schemas import ArmExplanation
 from rofu.service.api.schemas import SelectRequest
 from rofu.service.db import repository
 from rofu.service.db.engine import SessionFactory
 from rofu.service.db.tables import DecisionRow
 from rofu.service.deciding.apprentice import check_baseline, with_baseline
 from rofu.service.deciding.catalogue import Arm, CatalogueCache
+from rofu.service.deciding.explain import explanations
 from rofu.service.deciding.scoring import SelectJob, SelectOutcome
 from rofu.service.errors import Conflict, InvalidInput
 
@@ -40,10 +42,12 @@ class Pending:
 
 @dataclass(frozen=True)
 class Decided:
-    """The stored decision a request gets, and whether this request created it."""
+    """The stored decision a request gets, whether this request created it, and, when it
+    asked `explain` and created it from a model's scores, why each candidate scored so."""
 
     row: DecisionRow
     created: bool
+    explanations: list[ArmExplanation] | None = None
 
 
 Result = Decided | Exception  # an exception is that request's error, raised by its caller
@@ -60,6 +64,7 @@ class DecisionBatch:
         catalogue: the arm catalogue cache.
         on_scored: called with the number of jobs each ROFU call scores.
         apprentice: serve each request's `baseline_arm` (`rofu.service.deciding.apprentice`).
+        hash_seed: `ROFU_FEATURE_HASH_SEED`, for the names in explanations.
     """
 
     def __init__(
@@ -70,12 +75,14 @@ class DecisionBatch:
         on_scored: Callable[[int], None] | None = None,
         *,
         apprentice: bool = False,
+        hash_seed: int = 0,
     ) -> None:
         self._scorer = scorer
         self._sessions = sessions
         self._catalogue = catalogue
         self._on_scored = on_scored
         self._apprentice = apprentice
+        self._hash_seed = hash_seed
 
     def __call__(self, batch: list[Pending]) -> list[Result]:
         """Decide every request of the batch: replay, refuse, or score and store."""
@@ -92,7 +99,27 @@ class DecisionBatch:
             for i, outcome in outcomes.items()
         }
         results.update(self._store(batch, rows))
+        for i, outcome in outcomes.items():
+            result = results[i]
+            if outcome.gradients is not None and isinstance(result, Decided) and result.created:
+                why = self._why(batch[i], jobs[i], outcome)
+                results[i] = dataclasses.replace(result, explanations=why)
         return [results[i] for i in range(len(batch))]
+
+    def _why(
+        self, pending: Pending, job: SelectJob, outcome: SelectOutcome
+    ) -> list[ArmExplanation]:
+        """Each candidate's top contributions (`rofu.service.deciding.explain`)."""
+        assert outcome.gradients is not None
+        assert outcome.scored is not None
+        context = pending.body.context
+        return explanations(
+            outcome.gradients,
+            [(arm.slot, arm.id) for arm in job.candidates],
+            outcome.scored,
+            context if isinstance(context, dict) else None,
+            self._hash_seed,
+        )
 
     def _replays(self, batch: list[Pending]) -> dict[int, Result]:
         """The answers of requests whose key is already stored (one query)."""
@@ -130,7 +157,12 @@ class DecisionBatch:
                 continue
             event_id = body.event_id or uuid.uuid4().hex  # the draw derives from it
             jobs[i] = SelectJob(
-                event_id, pending.context, tuple(candidates), body.explore, arm_features=own
+                event_id,
+                pending.context,
+                tuple(candidates),
+                body.explore,
+                arm_features=own,
+                explain=body.explain,
             )
         return jobs
 

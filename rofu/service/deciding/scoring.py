@@ -16,6 +16,7 @@ can be recomputed from the log.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from rofu.models.policies.base import rofu_decide
 from rofu.models.prepared import PreparedModel, prepare, score
 from rofu.models.scores import ArmScore, Decision
 from rofu.service.deciding.catalogue import Arm, CatalogueCache
+from rofu.service.deciding.explain import mean_gradients
 from rofu.service.deciding.snapshot import Snapshot, SnapshotHolder
 
 log = logging.getLogger("rofu.scoring")
@@ -97,6 +99,7 @@ class SelectJob:
     candidates: tuple[Arm, ...]
     explore: bool
     arm_features: tuple[tuple[int, tuple[float, ...]], ...] = ()
+    explain: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,10 @@ class SelectOutcome:
     policy: str
     scores: list[ArmScore]  # per candidate, in the job's order (unscored on a cold start)
     probabilities: list[float]  # per candidate, in the job's order; they sum to 1
+    # For a job with `explain`, scored by a model: d mean / d x per output slot (A, D), at
+    # `scored`, the context as scored (`rofu.service.deciding.explain`).
+    gradients: torch.Tensor | None = None
+    scored: tuple[float, ...] | None = None
 
 
 class Scorer:
@@ -166,12 +173,13 @@ class Scorer:
         finite = ((torch.isfinite(scores.mean) & torch.isfinite(scores.bonus)) | ~mask).all(1)
         explore = torch.tensor([job.explore for job in jobs])
         decision = rofu_decide(scores, mask, None, explore=explore, rule=rule, uniforms=uniforms)
-        return [
+        outcomes = [
             self._outcome(job, decision, row, scores, snapshot.version)
             if bool(finite[row])
             else None
             for row, job in enumerate(jobs)
         ]
+        return _explained(outcomes, jobs, snapshot, bounded, features, pair)
 
     def _scores(
         self,
@@ -235,3 +243,27 @@ class Scorer:
             else scores.per_arm(row, slots),
             probabilities=[probabilities[slot] for slot, _ in slots],
         )
+
+
+def _explained(
+    outcomes: list[SelectOutcome | None],
+    jobs: list[SelectJob],
+    snapshot: Snapshot,
+    contexts: torch.Tensor,
+    features: torch.Tensor | None,
+    pair: torch.Tensor | None,
+) -> list[SelectOutcome | None]:
+    """The outcomes, those of jobs asking `explain` with their mean's gradients."""
+    rows = [row for row, job in enumerate(jobs) if job.explain and outcomes[row] is not None]
+    if not rows:
+        return outcomes
+    tables = [features if pair is None else pair[row] for row in rows]
+    gradients = mean_gradients(snapshot.net, contexts[rows], tables).cpu()  # (J, A, D)
+    scored = contexts[rows].cpu().double()
+    for k, row in enumerate(rows):
+        outcome = outcomes[row]
+        assert outcome is not None
+        outcomes[row] = dataclasses.replace(
+            outcome, gradients=gradients[k], scored=tuple(scored[k].tolist())
+        )
+    return outcomes

@@ -14,7 +14,7 @@ import json
 from starlette.concurrency import run_in_threadpool
 
 from rofu.client import schemas as wire
-from rofu.client.schemas import ArmProbability, SelectResponse
+from rofu.client.schemas import ArmExplanation, ArmProbability, SelectResponse
 from rofu.models.scores import ArmScore
 from rofu.service.api.deadline import within
 from rofu.service.api.schemas import SelectRequest
@@ -68,7 +68,7 @@ async def decide(
         count_selection(metrics, result.row, stored_scores(result.row))
         if result.row.deferred:
             metrics.deferred.labels("deferred").inc()
-    return response(result.row)
+    return response(result.row, result.explanations)
 
 
 async def request_vectors(
@@ -128,8 +128,8 @@ def stored_scores(row: DecisionRow) -> list[ArmScore]:
     ]
 
 
-def response(row: DecisionRow) -> SelectResponse:
-    """The API view of a stored decision."""
+def response(row: DecisionRow, explanations: list[ArmExplanation] | None = None) -> SelectResponse:
+    """The API view of a stored decision (with its explanations when computed)."""
     return SelectResponse(
         event_id=row.event_id,
         arm=row.arm_id,
@@ -147,4 +147,5 @@ def response(row: DecisionRow) -> SelectResponse:
         baseline_arm=row.baseline_arm,
         rofu_arm=row.rofu_arm,
         deferred=row.deferred,
+        explanations=explanations,
     )
