@@ -20,8 +20,9 @@ once (`rofu.models.prepared`: `prepare`, then `score`);
 - `served`: the headline, the product preset's estimator and selection rule (`PRODUCT`,
   whatever estimator it names) on this network, as `rofu bench load` serves it (M and the
   minibatch the workload's), prepared once as a replica prepares a checkpoint (the step
-  resolved under its cap, timed as `served_prepare`); every other ROFU row is another
-  configuration, labelled as such;
+  resolved under its cap, timed as `served_prepare`), and `served_explain`, what
+  `explain: true` adds (the mean's gradients, one backward pass per arm); every other ROFU
+  row is another configuration, labelled as such;
 - `neuralucb_diag` and `greedy` scoring on the same network;
 
 plus a plain fp32 matrix product for the machine's rate. Repetitions are interleaved
@@ -65,6 +66,7 @@ from rofu.models.prepared import PreparedModel, prepare, score
 from rofu.models.rofu import rofu_scores
 from rofu.models.rofu_naive import rofu_scores_naive
 from rofu.models.selection import choice_probabilities, draw_arms
+from rofu.service.deciding.explain import mean_gradients
 
 
 @dataclass
@@ -152,6 +154,7 @@ def contenders(setup: Setup, contexts: torch.Tensor) -> dict[str, Callable[[], o
     fns: dict[str, Callable[[], object]] = {
         "served": served,
         "served_prepare": lambda: prepared(setup.served),
+        "served_explain": lambda: mean_gradients(net, contexts, [None] * len(contexts)),
         "naive": lambda: rofu_scores_naive(
             net, contexts, data, config, torch.Generator().manual_seed(2)
         ),
@@ -214,6 +217,7 @@ def entry(work: Workload, batch: int, medians: dict[str, float], peak: float) ->
     out["ratios"] = {
         "served_over_greedy": medians["served"] / medians["greedy"],
         "served_over_ntk": medians["served"] / medians["rofu_ntk"],
+        "explain_over_served": medians["served_explain"] / medians["served"],
         "rofu_reference_over_exact": medians["rofu_reference"] / medians["rofu_exact"],
         "rofu_reference_chunked_over_exact": (
             medians["rofu_reference_chunked"] / medians["rofu_exact"]

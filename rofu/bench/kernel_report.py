@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 #: The headline rows: the product preset, as a replica prepares and scores it.
-SERVED = ("served", "served_prepare")
+SERVED = ("served", "served_prepare", "served_explain")
 
 #: The other contenders (other configurations, labelled as such), in report order.
 CONTENDERS = (
@@ -48,7 +48,8 @@ def format_report(result: dict[str, Any]) -> str:
         ratios = row["ratios"]
         lines.append(
             f"{'':>8}  served/greedy = {ratios['served_over_greedy']:.1f}x, "
-            f"served/rofu_ntk = {ratios['served_over_ntk']:.2f}x"
+            f"served/rofu_ntk = {ratios['served_over_ntk']:.2f}x, "
+            f"explain/served = {ratios['explain_over_served']:.2f}x"
         )
         lines.append(
             f"{'':>8}  reference/exact = {ratios['rofu_reference_over_exact']:.2f}x "
