@@ -402,7 +402,7 @@ def test_fuzz_findings_stay_fixed(server: Server) -> None:
         assert client.request("PATCH", "/v1/admin/pin").headers["allow"] == "DELETE, GET, PUT"
         # A body that is not UTF-8 (Latin-1 "été") was a 400 of the framework's; now a 422
         # naming it, as the rest of the body's faults.
-        for path in ("/v1/select", "/v1/reward", "/v1/arms"):
+        for path in ("/v1/select", "/v1/select/validate", "/v1/reward", "/v1/arms"):
             response = client.post(path, content=b"\xe9t\xe9", headers=json_type)
             assert response.status_code == 422, response.text
             assert response.json()["error"]["field"] == "body"
@@ -417,6 +417,7 @@ def test_fuzz_findings_stay_fixed(server: Server) -> None:
     paths = httpx.get(f"{server.base_url}/openapi.json").json()["paths"]
     for path, method, codes in [
         ("/v1/select", "post", {"401", "413", "422"}),
+        ("/v1/select/validate", "post", {"401", "413", "422"}),
         ("/v1/reward", "post", {"401", "404", "409", "422"}),
         ("/v1/arms", "get", {"401"}),
         ("/v1/arms", "post", {"401", "403", "409", "422"}),
@@ -442,6 +443,12 @@ UNICODE_BODIES: dict[str, dict[str, Any]] = {
         "arms": ["arm-0", "arm-1"],
         "exclude": ["arm-1"],
         "baseline_arm": "arm-0",
+        "arm_features": {"arm-0": {"colour": "red"}},
+    },
+    "POST /v1/select/validate": {
+        "context": {"user": {"country": "fr", "tags": ["a", "b"]}, "hour": 13},
+        "event_id": "unicode-2",
+        "arms": ["arm-0", "arm-1"],
         "arm_features": {"arm-0": {"colour": "red"}},
     },
     "POST /v1/reward": {"event_id": KNOWN_EVENT, "value": 1.0},
