@@ -129,7 +129,8 @@ async def test_every_json_endpoint_refuses_invalid_unicode(
     client, app = service
     before = _counts(app)
     operations = _json_operations(app)
-    assert len(operations) == 6, operations  # select, reward, arms, pin, rank, facade reward
+    # select, select/validate, reward, arms, pin, rank, facade reward
+    assert len(operations) == 7, operations
     for method, path in operations:
         response = await client.request(method, path, content=body, headers=JSON)
         if path.startswith(PREFIX):  # Personalizer's shape: a 422 is a 400

@@ -164,3 +164,19 @@ def test_write_health_counts_a_commit_that_fails(
     assert failure is not None
     assert (failure.cause, failure.detail) == ("io_error", "OperationalError: disk I/O error")
     assert health.failure is None
+
+
+def test_write_health_a_connection_lost_mid_transaction_rolls_back_without_raising(
+    engine: Engine, health: WriteHealth
+) -> None:
+    # The database dropped the connection during a write (as a Postgres stopped mid-insert
+    # does): the rollback's listener must not read the dead connection's info, which
+    # raised PendingRollbackError and turned the request's 503 into a 500.
+    with engine.connect() as connection:
+        connection.begin()
+        connection.execute(INSERT, {"id": 7})
+        connection.invalidate()
+        connection.rollback()
+    assert health.failure is None
+    with engine.begin() as connection:  # the pool gives a fresh connection
+        connection.execute(INSERT, {"id": 8})

@@ -91,11 +91,19 @@ class WriteHealth:
         event.listen(engine, "commit", _note_commit)
         event.listen(engine, "handle_error", self._on_error)
         for name in ("begin", "rollback"):  # a connection's next step after a COMMIT
-            event.listen(engine, name, lambda connection: self._settle(connection.info))
+            event.listen(engine, name, self.settle_connection)
         event.listen(engine, "checkin", lambda _dbapi, record: self._settle(record.info))
 
-    def _settle(self, info: MutableMapping[Any, Any]) -> None:
+    def settle_connection(self, connection: Connection) -> None:
+        """`begin` and `rollback`: settle the connection's last COMMIT. A connection the
+        database dropped mid-transaction has no `info` left to read (reading it raises
+        PendingRollbackError, which a rollback listener must not turn into a 500)."""
+        self._settle(_info(connection))
+
+    def _settle(self, info: MutableMapping[Any, Any] | None) -> None:
         """A COMMIT that raised nothing has succeeded by the connection's next step."""
+        if info is None:
+            return
         info.pop(WROTE, None)
         if info.pop(COMMITTING, False):
             self.succeeded()
