@@ -9,6 +9,7 @@ import shlex
 from pathlib import Path
 
 from rofu.models.presets import PRESETS
+from rofu.replay.plan import Shard
 from rofu.replay.runner import PROTOCOLS, Protocol
 from rofu.replay.simulation.datafile import (
     ClassificationFile,
@@ -142,6 +143,19 @@ def build_parser() -> argparse.ArgumentParser:
         "launch-bound, slower than a CPU core; auto: CUDA when present)",
     )
     parser.add_argument("--report-only", action="store_true", help="only rebuild the report")
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="run nothing: list the study's runs, each done or pending, and count them "
+        "(with --shard I/N, each run's shard of N)",
+    )
+    parser.add_argument(
+        "--shard",
+        type=Shard.parse,
+        metavar="I/N",
+        help="run only the I-th (0-based) of N disjoint slices of the study, balanced by "
+        "expected cost, into the shared --out; the report is built once every slice is done",
+    )
     _live_service(parser)
     parser.add_argument(
         "--combine",

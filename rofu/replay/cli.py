@@ -23,7 +23,9 @@ from rofu.replay.arguments import (
     http_options,
     named_datasets,
 )
-from rofu.replay.runner import PROTOCOLS, Protocol, jobs_for, run_jobs
+from rofu.replay.plan import plan_text, shard_of
+from rofu.replay.runner import PROTOCOLS, Job, Protocol, jobs_for, run_jobs
+from rofu.replay.simulation.datafile import ClassificationFile
 from rofu.replay.simulation.policies import BUILT_IN, TUNED_PRESETS, canonical_policy_name
 
 
@@ -50,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         policies = tuple(canonical_policy_name(name) for name in names)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.plan or args.shard:
+        _check_plan_flags(parser, args)
+    if args.plan:
+        return _plan(parser, args, protocol, policies, seeds, rounds, out)
     # --report-only, or a study whose every run has its summary: no data needed
     done = args.report_only or (
         not args.http and _all_done(parser, args, protocol, policies, seeds, rounds, out)
@@ -62,17 +68,56 @@ def main(argv: list[str] | None = None) -> int:
         key = os.environ.get("ROFU_API_KEY") or None  # a client key of the service, if any
         study = Study(args.http, rounds, out / "http", command_text(argv), *options, key)
         return run_http(parser, study, datasets, seeds, file, args.data_dir)
-    if not args.report_only:
-        presets = _preset_of(parser, args, datasets, protocol)
-        run_jobs(
-            jobs_for(datasets, policies, seeds, rounds, presets, protocol.learners),
-            out,
-            workers=args.workers,
-            data_dir=args.data_dir,
-            device=args.device,
-            progress=not args.no_progress,
-            files=() if file is None else (file,),
+    named = (datasets, policies, seeds, rounds)
+    if not args.report_only and not _run(parser, args, protocol, named, file, out):
+        return 0  # a shard's runs are done, and other shards' are still to come
+    return _report(parser, args, argv, protocol, datasets, policies, seeds, rounds, out)
+
+
+def _run(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    protocol: Protocol,
+    study: tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...], int],
+    file: ClassificationFile | None,
+    out: Path,
+) -> bool:
+    """Run the pending runs of the study (data sets, policies, seeds, rounds), with --shard
+    only its slice's; whether every run of the study is now done."""
+    datasets, policies, seeds, rounds = study
+    presets = _preset_of(parser, args, datasets, protocol)
+    plan = jobs_for(datasets, policies, seeds, rounds, presets, protocol.learners)
+    run_jobs(
+        plan if args.shard is None else shard_of(plan, args.shard),
+        out,
+        workers=args.workers,
+        data_dir=args.data_dir,
+        device=args.device,
+        progress=not args.no_progress,
+        files=() if file is None else (file,),
+    )
+    pending = [job for job in plan if not job.done(out)]
+    if pending:
+        print(
+            f"shard {args.shard} done; {len(pending)} of the study's {len(plan)} runs are "
+            f"still pending under {out} (--plan lists them); once they are done, "
+            "--report-only builds the report"
         )
+    return not pending
+
+
+def _report(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    argv: list[str],
+    protocol: Protocol,
+    datasets: tuple[str, ...],
+    policies: tuple[str, ...],
+    seeds: tuple[int, ...],
+    rounds: int,
+    out: Path,
+) -> int:
+    """Write the report of the runs under `out` that the command names."""
     from rofu.replay.reports.report import report_title, write_report
     from rofu.replay.runs import Selection
 
@@ -84,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         policies=frozenset(policies) if args.policies else None,
     )
     # Without --report-only: a study commits its runs' summaries, and the full command skips
-    # every run whose summary is there, so it regenerates the report from a clean clone.
-    command = command_text([a for a in argv if a != "--report-only"])
+    # every run whose summary is there, so it regenerates the report from a clean clone (the
+    # whole study's command, not one shard's).
+    command = command_text(_study_argv(argv))
     preamble = (
         f"Protocol `{protocol.name}` as run: T = {rounds} rounds, seeds "
         f"{list(seeds)}; regenerate with `{command}`." + _learner_lines(protocol, datasets)
@@ -96,6 +142,46 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:  # --report-only where nothing has run
         parser.error(f"{exc} for T = {rounds}")
     except ValueError as exc:  # a corrupt summary, or full run files to convert first
+        parser.error(str(exc))
+    return 0
+
+
+def _study_argv(argv: list[str]) -> list[str]:
+    """The command line without `--report-only` and `--shard I/N` (or `--shard=I/N`)."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--shard":
+            skip = True
+        elif arg != "--report-only" and not arg.startswith("--shard="):
+            kept.append(arg)
+    return kept
+
+
+def _check_plan_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--plan and --shard run or list a study's runs: neither goes with --http or
+    --report-only."""
+    for flag in ("http", "report_only"):
+        if getattr(args, flag):
+            which = "--plan" if args.plan else "--shard"
+            parser.error(f"{which} does not go with --{flag.replace('_', '-')}")
+
+
+def _plan(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    protocol: Protocol,
+    policies: tuple[str, ...],
+    seeds: tuple[int, ...],
+    rounds: int,
+    out: Path,
+) -> int:
+    """--plan: print the study's runs and counts; nothing runs and no data is read."""
+    try:
+        jobs = _plan_jobs(parser, args, protocol, policies, seeds, rounds)
+        print(plan_text(jobs, out, None if args.shard is None else args.shard.count))
+    except ValueError as exc:  # a run file another job made
         parser.error(str(exc))
     return 0
 
@@ -136,6 +222,20 @@ def _preset_of(
     return {d: PRODUCT.name if d in protocol.learners else name for d, name in presets.items()}
 
 
+def _plan_jobs(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    protocol: Protocol,
+    policies: tuple[str, ...],
+    seeds: tuple[int, ...],
+    rounds: int,
+) -> list[Job]:
+    """Every job of the command, from the names alone (no data is read)."""
+    datasets = named_datasets(parser, args, () if args.dataset_file else protocol.datasets)
+    presets = _preset_of(parser, args, datasets, protocol)
+    return jobs_for(datasets, policies, seeds, rounds, presets, protocol.learners)
+
+
 def _all_done(
     parser: argparse.ArgumentParser,
     args: argparse.Namespace,
@@ -147,10 +247,8 @@ def _all_done(
 ) -> bool:
     """Whether every job of the command has its summary under `out` (a corrupt one, or one
     another job made, is a usage error naming it)."""
-    datasets = named_datasets(parser, args, () if args.dataset_file else protocol.datasets)
-    presets = _preset_of(parser, args, datasets, protocol)
     try:
-        jobs = jobs_for(datasets, policies, seeds, rounds, presets, protocol.learners)
+        jobs = _plan_jobs(parser, args, protocol, policies, seeds, rounds)
         return all(job.done(out) for job in jobs)
     except ValueError as exc:
         parser.error(str(exc))
