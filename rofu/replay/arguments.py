@@ -150,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(with --shard I/N, each run's shard of N)",
     )
     parser.add_argument(
+        "--merge",
+        type=folders,
+        metavar="DIR,DIR",
+        help="copy the run files of these shard folders into --out (refusing two different "
+        "runs under one name), then build the report there as --report-only does",
+    )
+    parser.add_argument(
         "--shard",
         type=Shard.parse,
         metavar="I/N",

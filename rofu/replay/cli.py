@@ -23,7 +23,7 @@ from rofu.replay.arguments import (
     http_options,
     named_datasets,
 )
-from rofu.replay.plan import plan_text, shard_of
+from rofu.replay.plan import merge_runs, plan_text, shard_of
 from rofu.replay.runner import PROTOCOLS, Job, Protocol, jobs_for, run_jobs
 from rofu.replay.simulation.datafile import ClassificationFile
 from rofu.replay.simulation.policies import BUILT_IN, TUNED_PRESETS, canonical_policy_name
@@ -52,10 +52,11 @@ def main(argv: list[str] | None = None) -> int:
         policies = tuple(canonical_policy_name(name) for name in names)
     except ValueError as exc:
         parser.error(str(exc))
-    if args.plan or args.shard:
+    if args.plan or args.shard or args.merge:
         _check_plan_flags(parser, args)
-    if args.plan:
-        return _plan(parser, args, protocol, policies, seeds, rounds, out)
+        _merge(parser, args, out)  # with --merge: gather the runs, then as --report-only
+        if args.plan:
+            return _plan(parser, args, protocol, policies, seeds, rounds, out)
     # --report-only, or a study whose every run has its summary: no data needed
     done = args.report_only or (
         not args.http and _all_done(parser, args, protocol, policies, seeds, rounds, out)
@@ -160,12 +161,31 @@ def _study_argv(argv: list[str]) -> list[str]:
 
 
 def _check_plan_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """--plan and --shard run or list a study's runs: neither goes with --http or
-    --report-only."""
-    for flag in ("http", "report_only"):
-        if getattr(args, flag):
-            which = "--plan" if args.plan else "--shard"
-            parser.error(f"{which} does not go with --{flag.replace('_', '-')}")
+    """--plan, --shard and --merge list, run or gather a study's runs: none goes with
+    --http, --report-only or another of them (--plan lists a --shard's slices)."""
+    given = [
+        flag for flag in ("plan", "shard", "merge", "http", "report_only") if getattr(args, flag)
+    ]
+    allowed = {frozenset({"plan"}), frozenset({"shard"}), frozenset({"merge"})}
+    allowed |= {frozenset({"plan", "shard"})}
+    if frozenset(given) not in allowed:
+        names = " and ".join(f"--{flag.replace('_', '-')}" for flag in given)
+        parser.error(f"{names} do not go together")
+
+
+def _merge(parser: argparse.ArgumentParser, args: argparse.Namespace, out: Path) -> None:
+    """--merge: gather the shard folders' run files into `out`; the report follows as
+    --report-only builds it. Nothing without --merge."""
+    if not args.merge:
+        return
+    if args.out is None:
+        parser.error("--merge needs --out, the folder the runs are gathered in")
+    try:
+        new = merge_runs(list(args.merge), out)
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(f"{new} run files gathered into {out / 'runs'}")
+    args.report_only = True
 
 
 def _plan(

@@ -107,3 +107,32 @@ def plan_text(jobs: Sequence[Job], out: Path, shards: int | None = None) -> str:
                 f"expected cost {cost:,.0f} plain rounds"
             )
     return "\n".join(lines)
+
+
+def merge_runs(folders: Sequence[Path], out: Path) -> int:
+    """Copy the run files of shard folders (each an `--out` of some shards) into `out`;
+    return how many were new. A run file `out` already holds with the same bytes is kept.
+
+    Raises:
+        ValueError: a folder has no `runs/`, or two copies of one run file differ (two
+            different runs under one name), naming both; nothing is copied then.
+    """
+    copies: dict[Path, Path] = {}
+    for folder in folders:
+        runs = folder / "runs"
+        if not runs.is_dir():
+            raise ValueError(f"{folder} holds no runs/ folder: not the --out of a shard")
+        for path in sorted(runs.rglob("*.json")):
+            target = out / path.relative_to(folder)
+            seen = copies.get(target)
+            known = seen if seen is not None else (target if target.exists() else None)
+            if known is not None and known.read_bytes() != path.read_bytes():
+                raise ValueError(f"{known} and {path} are two different runs under one name")
+            copies.setdefault(target, path)
+    new = 0
+    for target, path in copies.items():
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(path.read_bytes())
+            new += 1
+    return new

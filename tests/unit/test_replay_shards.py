@@ -104,8 +104,31 @@ def test_shard_and_plan_refuse_report_only_before_anything_runs(tmp_path, capsys
     argv = _study(tmp_path, tmp_path / "out")
     with pytest.raises(SystemExit):
         main([*argv, "--shard", "0/2", "--report-only"])
-    assert "--shard does not go with --report-only" in capsys.readouterr().err
+    assert "--shard and --report-only do not go together" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main([*argv, "--shard", "2/2"])
     assert "the index must be in 0..N-1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*argv, "--shard", "0/2", "--merge", str(tmp_path)])
+    assert "--shard and --merge do not go together" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_shards_in_separate_folders_merge_into_the_same_study(tmp_path, capsys):
+    folders = [tmp_path / f"shard{i}" for i in range(2)]
+    for index, folder in enumerate(folders):
+        assert main([*_study(tmp_path, folder), "--shard", f"{index}/2"]) == 0
+    merged, pooled = tmp_path / "merged", tmp_path / "pooled"
+    argv = _study(tmp_path, merged)
+    assert main([*argv, "--merge", ",".join(map(str, folders))]) == 0
+    assert "6 run files gathered" in capsys.readouterr().out
+    assert main([*_study(tmp_path, pooled)]) == 0
+    assert _runs(merged) == _runs(pooled)
+    assert _tables(merged) == _tables(pooled)
+    assert main([*argv, "--merge", ",".join(map(str, folders))]) == 0  # again: nothing new
+    assert "0 run files gathered" in capsys.readouterr().out
+    one = next((folders[0] / "runs").rglob("*.json"))
+    one.write_text(one.read_text().replace('"seed": ', '"seed":  '))  # another run's bytes
+    with pytest.raises(SystemExit):
+        main([*argv, "--merge", ",".join(map(str, folders))])
+    assert "two different runs under one name" in capsys.readouterr().err
