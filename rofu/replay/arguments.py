@@ -103,6 +103,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--workers", type=int, default=1, help="parallel worker processes")
     parser.add_argument(
+        "--backend",
+        choices=("local", "ray"),
+        default="local",
+        help="where runs execute: local (--workers processes, the default) or ray (one Ray "
+        "task per run; the replay-ray extra)",
+    )
+    parser.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="with --backend ray: the cluster's address (default: a new local Ray instance)",
+    )
+    parser.add_argument(
+        "--retries",
+        type=int,
+        help="with --backend ray: how often a failed run is retried (default 2)",
+    )
+    parser.add_argument(
         "--out", type=Path, help=f"results folder (default {DEFAULT_OUT}/<protocol>, git-ignored)"
     )
     parser.add_argument("--data-dir", type=Path, help="benchmark data (default ROFU_DATA_DIR)")

@@ -24,7 +24,7 @@ from rofu.replay.arguments import (
     named_datasets,
 )
 from rofu.replay.plan import merge_runs, plan_text, shard_of
-from rofu.replay.runner import PROTOCOLS, Job, Protocol, jobs_for, run_jobs
+from rofu.replay.runner import PROTOCOLS, Job, Protocol, jobs_for, resolve_device, run_jobs
 from rofu.replay.simulation.datafile import ClassificationFile
 from rofu.replay.simulation.policies import BUILT_IN, TUNED_PRESETS, canonical_policy_name
 
@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or protocol.rounds
     if rounds < 1 or args.workers < 1:
         parser.error("--rounds and --workers must be >= 1")
+    _check_backend(parser, args)
     if args.combine:
         return _combine(parser, args, argv)
     if args.compact:
@@ -88,15 +89,20 @@ def _run(
     datasets, policies, seeds, rounds = study
     presets = _preset_of(parser, args, datasets, protocol)
     plan = jobs_for(datasets, policies, seeds, rounds, presets, protocol.learners)
-    run_jobs(
-        plan if args.shard is None else shard_of(plan, args.shard),
-        out,
-        workers=args.workers,
-        data_dir=args.data_dir,
-        device=args.device,
-        progress=not args.no_progress,
-        files=() if file is None else (file,),
-    )
+    jobs = plan if args.shard is None else shard_of(plan, args.shard)
+    files = () if file is None else (file,)
+    if args.backend == "ray":
+        _run_ray(parser, args, jobs, out, files)
+    else:
+        run_jobs(
+            jobs,
+            out,
+            workers=args.workers,
+            data_dir=args.data_dir,
+            device=args.device,
+            progress=not args.no_progress,
+            files=files,
+        )
     pending = [job for job in plan if not job.done(out)]
     if pending:
         print(
@@ -105,6 +111,51 @@ def _run(
             "--report-only builds the report"
         )
     return not pending
+
+
+def _check_backend(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--address and --retries only with --backend ray, which runs no --workers pool."""
+    if args.backend != "ray":
+        given = [f for f, v in (("--address", args.address), ("--retries", args.retries)) if v]
+        if given or args.retries == 0:
+            parser.error(f"{(given or ['--retries'])[0]} goes only with --backend ray")
+        return
+    if args.workers > 1:
+        parser.error("--backend ray runs one task per run: --workers does not apply")
+    if args.http:
+        parser.error("--backend ray runs the replay's own policies: not with --http")
+    if args.retries is not None and args.retries < 0:
+        parser.error("--retries must be >= 0")
+
+
+def _run_ray(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    jobs: list[Job],
+    out: Path,
+    files: tuple[ClassificationFile, ...],
+) -> None:
+    """--backend ray: the pending runs as Ray tasks; a run that failed every retry is
+    reported, and the command exits 1 once the others are done."""
+    from rofu.replay.ray_backend import RayUnavailable, run_on_ray
+
+    try:
+        outcome = run_on_ray(
+            jobs,
+            out,
+            address=args.address,
+            retries=2 if args.retries is None else args.retries,
+            data_dir=args.data_dir,
+            device=resolve_device(args.device),
+            files=files,
+            progress=not args.no_progress,
+        )
+    except RayUnavailable as exc:
+        parser.error(str(exc))
+    if outcome.failed:
+        for job, why in outcome.failed:
+            print(f"rofu replay: {job.path(out)} failed: {why}", file=sys.stderr)
+        raise SystemExit(1)
 
 
 def _report(

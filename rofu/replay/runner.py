@@ -174,11 +174,13 @@ def run_job(
     device: str,
     file: ClassificationFile | None = None,
     oracle: OracleConfig | None = ORACLE,
+    *,
+    oracle_cache: Path | None = None,
 ) -> Path:
     """Run one job and write its full arrays, then its summary (in a worker process or
     in-process); `file` is the user's classification file when the job's data set is it.
     With an `oracle` recipe the run gets its regret II (`rofu.replay.simulation.oracle`;
-    the oracle is cached under `<out>/cache/oracle`)."""
+    the oracle is cached under `oracle_cache`, by default `<out>/cache/oracle`)."""
     bandit = _bandit(job.bandit if file is None else file, data_dir)
     policy, config = job_policy(job, bandit, torch.device(device))
     stream = bandit.stream(job.rounds, job.seed)
@@ -188,7 +190,7 @@ def run_job(
     net = (
         None
         if oracle is None
-        else oracle_for(bandit, stream, job.seed, oracle, out / "cache" / "oracle")
+        else oracle_for(bandit, stream, job.seed, oracle, oracle_cache or out / "cache" / "oracle")
     )
     if net is not None:
         result = replace(result, regret2=regret_two(net, stream, result.arms))
