@@ -105,8 +105,9 @@ def _run(
         )
     pending = [job for job in plan if not job.done(out)]
     if pending:
+        which = "this command's runs" if args.shard is None else f"shard {args.shard}"
         print(
-            f"shard {args.shard} done; {len(pending)} of the study's {len(plan)} runs are "
+            f"{which} done; {len(pending)} of the study's {len(plan)} runs are "
             f"still pending under {out} (--plan lists them); once they are done, "
             "--report-only builds the report"
         )
@@ -116,9 +117,9 @@ def _run(
 def _check_backend(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """--address and --retries only with --backend ray, which runs no --workers pool."""
     if args.backend != "ray":
-        given = [f for f, v in (("--address", args.address), ("--retries", args.retries)) if v]
-        if given or args.retries == 0:
-            parser.error(f"{(given or ['--retries'])[0]} goes only with --backend ray")
+        for flag, value in (("--address", args.address), ("--retries", args.retries)):
+            if value is not None:
+                parser.error(f"{flag} goes only with --backend ray")
         return
     if args.workers > 1:
         parser.error("--backend ray runs one task per run: --workers does not apply")
@@ -198,15 +199,20 @@ def _report(
     return 0
 
 
+#: Options of how a study is run, not of what it is: left out of its regenerate command.
+HOW_OPTIONS = ("--shard", "--merge", "--backend", "--address", "--retries")
+
+
 def _study_argv(argv: list[str]) -> list[str]:
-    """The command line without `--report-only` and `--shard I/N` (or `--shard=I/N`)."""
+    """The command line without `--report-only` and the options of `HOW_OPTIONS` (each
+    with its value, as `--shard 0/4` or `--shard=0/4`)."""
     kept, skip = [], False
     for arg in argv:
         if skip:
             skip = False
-        elif arg == "--shard":
+        elif arg in HOW_OPTIONS:
             skip = True
-        elif arg != "--report-only" and not arg.startswith("--shard="):
+        elif arg != "--report-only" and not arg.startswith(tuple(f"{o}=" for o in HOW_OPTIONS)):
             kept.append(arg)
     return kept
 

@@ -125,6 +125,7 @@ def test_shards_in_separate_folders_merge_into_the_same_study(tmp_path, capsys):
     assert main([*_study(tmp_path, pooled)]) == 0
     assert _runs(merged) == _runs(pooled)
     assert _tables(merged) == _tables(pooled)
+    assert "--merge" not in (merged / "README.md").read_text()  # the study's own command
     assert main([*argv, "--merge", ",".join(map(str, folders))]) == 0  # again: nothing new
     assert "0 run files gathered" in capsys.readouterr().out
     one = next((folders[0] / "runs").rglob("*.json"))
