@@ -62,10 +62,10 @@ from rofu.models import (
     fit,
 )
 from rofu.models.policies import NeuralUCB, NeuralUCBParams
+from rofu.models.policies.base import rofu_decide
 from rofu.models.prepared import PreparedModel, prepare, score
 from rofu.models.rofu import rofu_scores
 from rofu.models.rofu_naive import rofu_scores_naive
-from rofu.models.selection import choice_probabilities, draw_arms
 from rofu.service.deciding.explain import mean_gradients
 
 
@@ -147,9 +147,9 @@ def contenders(setup: Setup, contexts: torch.Tensor) -> dict[str, Callable[[], o
     uniforms = torch.rand(contexts.shape[0], generator=torch.Generator().manual_seed(3))
 
     def served() -> object:  # the served rule decides, as a replica's scorer does
-        ucb = score(served_model, contexts, torch.Generator().manual_seed(2)).ucb
-        probabilities = choice_probabilities(ucb, candidates, setup.served.rule)
-        return draw_arms(probabilities, uniforms)
+        raw = score(served_model, contexts, torch.Generator().manual_seed(2))
+        scores = Scores(raw.mean.cpu().double(), raw.bonus.cpu().double())
+        return rofu_decide(scores, candidates, None, rule=setup.served.rule, uniforms=uniforms)
 
     fns: dict[str, Callable[[], object]] = {
         "served": served,

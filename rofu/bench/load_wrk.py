@@ -15,6 +15,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -145,20 +146,20 @@ class WrkSeries:
         ok = sum(run.ok for run in self.runs)
         return {
             "per_s": ok / seconds if seconds > 0 else math.nan,
-            "p50_ms": 1e3 * _median([run.p50 for run in self.runs]),
-            "p99_ms": 1e3 * _median([run.p99 for run in self.runs]),
+            "p50_ms": 1e3 * statistics.median(run.p50 for run in self.runs)
+            if self.runs
+            else math.nan,
+            "p99_ms": 1e3 * statistics.median(run.p99 for run in self.runs)
+            if self.runs
+            else math.nan,
             "requests": float(sum(run.requests for run in self.runs)),
             "shed": float(sum(run.shed for run in self.runs)),
             "errors": float(sum(run.errors for run in self.runs)),
         }
 
 
-def _median(values: list[float]) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+def _median_ms(seconds: list[float]) -> float:
+    return 1e3 * statistics.median(seconds) if seconds else math.nan
 
 
 def wrk_binary() -> str:

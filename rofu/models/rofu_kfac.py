@@ -119,7 +119,7 @@ def prepare_kfac(
     last_h = hs[-1]
     per_arm = net.config.per_arm_outputs
     if per_arm:
-        last = Eigen.of(per_arm_blocks(last_h, sample.arms, deltas[-1].shape[1]) / n)
+        last = Eigen.of(per_arm_blocks(last_h, sample.arms, net.config.n_arms) / n)
     else:
         last = Eigen.of(last_h.T @ last_h / n)
     return KfacFactors(inputs, outputs, last, per_arm, rows.bias)

@@ -53,15 +53,17 @@ def main(argv: list[str] | None = None) -> int:
         policies = tuple(canonical_policy_name(name) for name in names)
     except ValueError as exc:
         parser.error(str(exc))
+    spec = (policies, seeds, rounds)
     if args.plan or args.shard or args.merge:
         _check_plan_flags(parser, args)
         _merge(parser, args, out)  # with --merge: gather the runs, then as --report-only
-        if args.plan:
-            return _plan(parser, args, protocol, policies, seeds, rounds, out)
+        if args.plan:  # nothing runs and no data is read
+            jobs, finished = _finished(parser, args, protocol, spec, out)
+            shards = None if args.shard is None else args.shard.count
+            print(plan_text(jobs, finished, out, shards))
+            return 0
     # --report-only, or a study whose every run has its summary: no data needed
-    done = args.report_only or (
-        not args.http and _all_done(parser, args, protocol, policies, seeds, rounds, out)
-    )
+    done = args.report_only or (not args.http and _all_done(parser, args, protocol, spec, out))
     datasets, file = checked_datasets(parser, args, protocol, files=not done)
     if args.http:
         from rofu.replay.http_run import Study, run_http
@@ -245,24 +247,6 @@ def _merge(parser: argparse.ArgumentParser, args: argparse.Namespace, out: Path)
     args.report_only = True
 
 
-def _plan(
-    parser: argparse.ArgumentParser,
-    args: argparse.Namespace,
-    protocol: Protocol,
-    policies: tuple[str, ...],
-    seeds: tuple[int, ...],
-    rounds: int,
-    out: Path,
-) -> int:
-    """--plan: print the study's runs and counts; nothing runs and no data is read."""
-    try:
-        jobs = _plan_jobs(parser, args, protocol, policies, seeds, rounds)
-        print(plan_text(jobs, out, None if args.shard is None else args.shard.count))
-    except ValueError as exc:  # a run file another job made
-        parser.error(str(exc))
-    return 0
-
-
 def _learner_lines(protocol: Protocol, datasets: tuple[str, ...]) -> str:
     """What each data set with a learner is, and the learner its neural policies ran on."""
     from rofu.replay.simulation.datasets import load_bandit
@@ -299,36 +283,36 @@ def _preset_of(
     return {d: PRODUCT.name if d in protocol.learners else name for d, name in presets.items()}
 
 
-def _plan_jobs(
+def _finished(
     parser: argparse.ArgumentParser,
     args: argparse.Namespace,
     protocol: Protocol,
-    policies: tuple[str, ...],
-    seeds: tuple[int, ...],
-    rounds: int,
-) -> list[Job]:
-    """Every job of the command, from the names alone (no data is read)."""
+    names: tuple[tuple[str, ...], tuple[int, ...], int],
+    out: Path,
+) -> tuple[list[Job], set[Job]]:
+    """Every job of the command (policies, seeds, rounds: from the names alone, no data is
+    read), and those whose summary is under `out`, each summary read once (a corrupt one,
+    or one another job made, is a usage error naming it)."""
+    policies, seeds, rounds = names
     datasets = named_datasets(parser, args, () if args.dataset_file else protocol.datasets)
     presets = _preset_of(parser, args, datasets, protocol)
-    return jobs_for(datasets, policies, seeds, rounds, presets, protocol.learners)
+    jobs = jobs_for(datasets, policies, seeds, rounds, presets, protocol.learners)
+    try:
+        return jobs, {job for job in jobs if job.done(out)}
+    except ValueError as exc:
+        parser.error(str(exc))
 
 
 def _all_done(
     parser: argparse.ArgumentParser,
     args: argparse.Namespace,
     protocol: Protocol,
-    policies: tuple[str, ...],
-    seeds: tuple[int, ...],
-    rounds: int,
+    names: tuple[tuple[str, ...], tuple[int, ...], int],
     out: Path,
 ) -> bool:
-    """Whether every job of the command has its summary under `out` (a corrupt one, or one
-    another job made, is a usage error naming it)."""
-    try:
-        jobs = _plan_jobs(parser, args, protocol, policies, seeds, rounds)
-        return all(job.done(out) for job in jobs)
-    except ValueError as exc:
-        parser.error(str(exc))
+    """Whether every job of the command has its summary under `out`."""
+    jobs, finished = _finished(parser, args, protocol, names, out)
+    return len(finished) == len(jobs)
 
 
 def _combine(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]) -> int:

@@ -16,7 +16,7 @@ only, never on what is done, so every shard of one command agrees on it.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,28 +84,25 @@ def shard_of(jobs: Sequence[Job], shard: Shard) -> list[Job]:
     return slices(jobs, shard.count)[shard.index]
 
 
-def plan_text(jobs: Sequence[Job], out: Path, shards: int | None = None) -> str:
-    """The plan as text: one line per run (done or pending, its run file), then the
-    counts; with `shards`, each run's shard and each shard's counts and cost."""
-    owner: dict[Job, int] = {}
-    if shards is not None:
-        for index, part in enumerate(slices(jobs, shards)):
-            owner.update(dict.fromkeys(part, index))
+def plan_text(jobs: Sequence[Job], finished: Set[Job], out: Path, shards: int | None = None) -> str:
+    """The plan as text: one line per run (done when in `finished`, else pending; its run
+    file), then the counts; with `shards`, each run's shard and each shard's counts and
+    expected cost."""
+    parts = [] if shards is None else slices(jobs, shards)
+    owner = {job: index for index, part in enumerate(parts) for job in part}
     lines = []
     for job in jobs:
-        state = "done   " if job.done(out) else "pending"
+        state = "done   " if job in finished else "pending"
         where = f"  shard {owner[job]}/{shards}" if shards is not None else ""
         lines.append(f"{state}  {job.path(out)}{where}")
-    done = sum(job.done(out) for job in jobs)
+    done = sum(job in finished for job in jobs)
     lines.append(f"{len(jobs)} runs: {done} done, {len(jobs) - done} pending, under {out}")
-    if shards is not None:
-        for index, part in enumerate(slices(jobs, shards)):
-            finished = sum(job.done(out) for job in part)
-            cost = sum(expected_cost(job) for job in part)
-            lines.append(
-                f"shard {index}/{shards}: {len(part)} runs ({finished} done), "
-                f"expected cost {cost:,.0f} plain rounds"
-            )
+    for index, part in enumerate(parts):
+        cost = sum(expected_cost(job) for job in part)
+        lines.append(
+            f"shard {index}/{shards}: {len(part)} runs ({sum(j in finished for j in part)} "
+            f"done), expected cost {cost:,.0f} plain rounds"
+        )
     return "\n".join(lines)
 
 

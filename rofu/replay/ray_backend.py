@@ -143,7 +143,9 @@ def run_on_ray(
             relative, blob = ray.get(ready[0])
         except Exception as exc:  # retried `retries` times already
             failed.append((job, f"{type(exc).__name__}: {str(exc).splitlines()[0]}"))
+            state = "failed"
         else:
+            state = "done"
             path = out / relative
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_suffix(".json.partial")
@@ -151,16 +153,13 @@ def run_on_ray(
             partial.replace(path)  # atomic: a run file is whole or absent
             written.append(path)
         if progress:
-            print(_progress(len(todo), len(written), failed, start, job), flush=True)
+            last = f"{state} {job.bandit}/{job.policy}/seed{job.seed}"
+            print(_progress(len(todo), len(written), len(failed), start, last), flush=True)
     return RayOutcome(written, failed)
 
 
-def _progress(total: int, done: int, failed: list[tuple[Job, str]], start: float, job: Job) -> str:
-    finished = done + len(failed)
+def _progress(total: int, done: int, failed: int, start: float, last: str) -> str:
+    finished = done + failed
     elapsed = time.monotonic() - start
     left = elapsed / finished * (total - finished) if finished else float("nan")
-    state = "failed" if failed and failed[-1][0] == job else "done"
-    return (
-        f"ray: {finished}/{total} ({done} done, {len(failed)} failed), ETA {left:.0f} s: "
-        f"{state} {job.bandit}/{job.policy}/seed{job.seed}"
-    )
+    return f"ray: {finished}/{total} ({done} done, {failed} failed), ETA {left:.0f} s: {last}"

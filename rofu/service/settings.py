@@ -12,7 +12,7 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
@@ -26,8 +26,16 @@ from rofu.client.schemas import ARM_ID_PATTERN
 from rofu.models import FitConfig, RewardNetConfig, RofuConfig
 from rofu.models.checkpoint import checkpoint_size_estimate
 from rofu.models.learners import LEARNERS, candidates
-from rofu.models.presets import PRESETS, PRODUCT, RofuPreset, get_preset
-from rofu.service.derived import SettingsPart, derived_settings, optional_settings
+from rofu.models.presets import PRESETS, PRODUCT, get_preset
+from rofu.service.derived import optional_settings
+from rofu.service.preset_settings import (
+    FIT_PART,
+    MODEL_PARTS,
+    ROFU_PART,
+    ModelSettings,
+    family_learners,
+    preset_settings,
+)
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
@@ -45,26 +53,7 @@ def _demo_arms() -> list[ArmSpec]:
     return [ArmSpec(id=f"arm-{i}") for i in range(4)]
 
 
-#: The config dataclasses whose declared fields are settings of the same name (FitConfig's
-#: prefixed `fit_`; its `steps` is `fit_steps` below, per run or per new row).
-MODEL_PARTS = (
-    SettingsPart(RofuConfig, PRODUCT.rofu),
-    SettingsPart(FitConfig, PRODUCT.schedule.fit, prefix="fit_", skip=("steps",)),
-)
-ROFU_PART, FIT_PART = MODEL_PARTS
-if TYPE_CHECKING:
-    _ModelSettings = BaseSettings
-else:
-    _ModelSettings = derived_settings("_ModelSettings", MODEL_PARTS)
-
-
-def family_learners(preset: RofuPreset) -> tuple[str, ...]:
-    """The learners a preset's trainer refits: the whole family where its schedule keeps
-    one, else the MLP alone."""
-    return LEARNERS if preset.schedule.family else ("mlp",)
-
-
-class Settings(_ModelSettings):
+class Settings(ModelSettings):
     """Every setting of the service, the trainer and the CLI."""
 
     model_config = SettingsConfigDict(env_prefix="ROFU_", extra="forbid", frozen=True)
@@ -388,17 +377,3 @@ class Settings(_ModelSettings):
 def get_settings() -> Settings:
     """The process's settings, read once."""
     return Settings()
-
-
-def preset_settings(preset: RofuPreset) -> dict[str, Any]:
-    """The settings a preset gives (those not set explicitly take these)."""
-    return {
-        "hidden": preset.hidden,
-        "activation": preset.activation,
-        "init_scale": preset.init_scale,
-        **ROFU_PART.values(preset.rofu),
-        "fit_steps_per_row": preset.fit_steps_per_row,
-        **FIT_PART.values(preset.schedule.fit),
-        "fit_persist": preset.schedule.persist,
-        "learners": family_learners(preset),
-    }

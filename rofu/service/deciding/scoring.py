@@ -258,8 +258,9 @@ def _explained(
     if not rows:
         return outcomes
     tables = [features if pair is None else pair[row] for row in rows]
-    gradients = mean_gradients(snapshot.net, contexts[rows], tables).cpu()  # (J, A, D)
-    scored = contexts[rows].cpu().double()
+    chosen = contexts[rows]
+    gradients = mean_gradients(snapshot.net, chosen, tables).cpu()  # (J, A, D)
+    scored = chosen.cpu().double()
     for k, row in enumerate(rows):
         outcome = outcomes[row]
         assert outcome is not None
