@@ -410,6 +410,48 @@ def migration_0007_round_trip(url: str) -> None:
         engine.dispose()
 
 
+def migration_0008_round_trip(url: str) -> None:
+    """Upgrade a database at 0007 with a rewarded decision to 0008, down to 0007 and up
+    again: the holdout's columns and the rewards' metrics come NULL, go and come back; the
+    decision and its reward stay."""
+    from sqlalchemy import inspect, text
+
+    from rofu.service import migrate
+    from rofu.service.db.engine import make_engine
+
+    migrate.upgrade(url, "0007")
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            insert_bare_decision(connection, "m-8", context="[0.5]")
+            connection.execute(
+                text(
+                    "insert into rewards (event_id, value, received_at, "
+                    "repeats, late) values ('m-8', 1.5, '2026-12-02', 0, false)"
+                )
+            )
+        for step in ("0008", "0007", "0008"):
+            (migrate.upgrade if step == "0008" else migrate.downgrade)(url, step)
+            engine.dispose()
+            present = step == "0008"
+            decisions = {column["name"] for column in inspect(engine).get_columns("decisions")}
+            rewards = {column["name"] for column in inspect(engine).get_columns("rewards")}
+            assert (
+                {"experiment", "unit_id"} <= decisions
+                if present
+                else not {"experiment", "unit_id"} & decisions
+            )
+            assert ("metrics" in rewards) == present
+            with engine.connect() as connection:
+                row = connection.execute(text("select value from rewards")).one()
+                assert row[0] == 1.5
+                if present:
+                    extra = "select experiment, unit_id from decisions"
+                    assert tuple(connection.execute(text(extra)).one()) == (None, None)
+    finally:
+        engine.dispose()
+
+
 def together(*work: Callable[[], Any]) -> list[Any]:
     """Run each function in its own thread, released at once (a barrier); their results, or
     the exceptions they raised, in order."""

@@ -30,13 +30,13 @@ from rofu.client._async import AsyncRofuClient
 from rofu.client._calls import Call, Context, Moment
 from rofu.client._errors import RofuError
 from rofu.client._sync import RofuClient
+from rofu.client.records import DecisionRecord
 from rofu.client.schemas import (
     ActivateResponse,
     ArmProbability,
     ArmResponse,
     ArmScore,
     CheckpointInfo,
-    DecisionRecord,
     ModelResponse,
     RewardResponse,
     SelectResponse,

@@ -30,11 +30,11 @@ from rofu.client._calls import (
     reward_call,
     select_call,
 )
+from rofu.client.records import DecisionRecord
 from rofu.client.schemas import (
     ActivateResponse,
     ArmResponse,
     CheckpointInfo,
-    DecisionRecord,
     ModelResponse,
     RewardResponse,
     SelectResponse,

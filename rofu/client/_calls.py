@@ -15,11 +15,11 @@ import httpx
 from pydantic import TypeAdapter
 
 from rofu.client._errors import RofuError
+from rofu.client.records import DecisionRecord
 from rofu.client.schemas import (
     ActivateResponse,
     ArmResponse,
     CheckpointInfo,
-    DecisionRecord,
     ModelResponse,
     RewardResponse,
     SelectResponse,

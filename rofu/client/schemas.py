@@ -10,7 +10,7 @@ check (a context's length, named features and their hashing) it checks itself, o
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Annotated, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -25,7 +25,19 @@ EventId = Annotated[
     ),
 ]
 ArmId = Annotated[str, Field(pattern=ARM_ID_PATTERN, examples=["arm-0"])]
+UnitId = Annotated[
+    str,
+    Field(
+        pattern=EVENT_ID_PATTERN,
+        description="A holdout's unit: 1-128 characters of [A-Za-z0-9_.:-]",
+        examples=["user-42"],
+    ),
+]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
+METRIC_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+MetricName = Annotated[str, Field(pattern=METRIC_NAME_PATTERN, examples=["latency_ms"])]
+#: The most guardrail metrics one reward may carry.
+MAX_METRICS = 16
 FLOAT32_MAX = 3.4028234663852886e38
 # Context features go through the network in float32: larger magnitudes would be infinite.
 Feature = Annotated[float, Field(allow_inf_nan=False, ge=-FLOAT32_MAX, le=FLOAT32_MAX)]
@@ -73,6 +85,12 @@ class SelectFields(_Strict, Generic[FeaturesT]):
         description="The app's own choice, one of the candidates: served in apprentice mode "
         "(ROFU_LEARNING_MODE=apprentice, where it is required), recorded for comparison in "
         "online mode",
+    )
+    unit_id: UnitId | None = Field(
+        default=None,
+        description="The unit (a user, a session) a holdout assigns by: the same unit is "
+        "always in the same group (ROFU_HOLDOUT_SHARE); without it, each request is drawn "
+        "afresh",
     )
     defer: bool = Field(
         default=False,
@@ -163,7 +181,13 @@ class SelectResponse(BaseModel):
     baseline_arm: str | None = Field(default=None, description="The request's baseline_arm")
     rofu_arm: str | None = Field(
         default=None,
-        description="Apprentice mode: the arm rofu's own rule chose (not served); else null",
+        description="Apprentice mode and holdout: the arm rofu's own rule chose (not "
+        "served); else null",
+    )
+    experiment: str | None = Field(
+        default=None,
+        description="While a holdout runs: `rofu` or `holdout`, the group of this decision "
+        "(a holdout decision's policy is `holdout`); else null",
     )
     deferred: bool = Field(
         default=False, description="Logged with `defer`: awaits activation to be trained on"
@@ -191,6 +215,14 @@ class RewardRequest(_Strict):
 
     event_id: EventId
     value: Finite = Field(description="The reward; any finite number", examples=[1.0])
+    metrics: dict[MetricName, Finite] | None = Field(
+        default=None,
+        max_length=MAX_METRICS,
+        description="Guardrail metrics of the outcome (name -> finite number, at most 16, "
+        "names of [A-Za-z0-9_]): stored with the reward, compared between rofu and the "
+        "holdout by GET /v1/report, never trained on",
+        examples=[{"latency_ms": 120.0}],
+    )
 
 
 class RewardResponse(BaseModel):
@@ -331,67 +363,3 @@ class ErrorResponse(BaseModel):
     """The body of every 4xx/5xx response."""
 
     error: ErrorBody
-
-
-class DecisionRecord(BaseModel):
-    """A logged decision and its reward (the rows `rofu export` writes)."""
-
-    # The one record of a decision: the service builds it from its tables by field name
-    # (`rofu.service.log.record`), GET /v1/decisions sends it, the exports write it.
-
-    event_id: str
-    created_at: datetime
-    context: list[float]
-    candidates: list[str]
-    arm: str
-    slot: int
-    propensity: float
-    probabilities: list[float] | None = Field(
-        description="Per candidate, in `candidates` order; null when only `propensity` is known"
-    )
-    model_version: int
-    policy: str
-    explore: bool
-    scores: list[ArmScore]
-    reward: float | None
-    reward_received_at: datetime | None
-    late: bool | None = Field(description="The reward came after the decision's window")
-    baseline_arm: str | None = Field(
-        default=None, description="The app's own choice the request carried"
-    )
-    rofu_arm: str | None = Field(
-        default=None,
-        description="Apprentice mode (policy `apprentice`, the baseline served): the arm "
-        "rofu's rule would have chosen; else null",
-    )
-    rofu_probabilities: list[float] | None = Field(
-        default=None,
-        description="Apprentice mode: rofu's rule's probabilities per candidate; else null",
-    )
-    named_context: dict[str, Any] | None = Field(
-        default=None,
-        description="The named features the request sent (`context` is their hashed "
-        "vector); null for a dense context",
-    )
-    arm_features: dict[str, list[float]] | None = Field(
-        default=None,
-        description="Candidate arm id -> the features it was scored with, for the arms "
-        "the request gave its own; null when all had the catalogue's",
-    )
-    deferred: bool = Field(default=False, description="Logged with `defer`")
-    activated_at: datetime | None = Field(
-        default=None, description="A deferred decision's first activation; null: none"
-    )
-    activation_late: bool = Field(
-        default=False, description="Activated after its window or after the trainer consumed it"
-    )
-    active: bool = Field(
-        default=True,
-        description="Trained on and evaluated: not deferred, or activated in time (false: "
-        "a deferred decision not activated in time, left out of training and evaluation)",
-    )
-
-    @property
-    def chosen_index(self) -> int:
-        """The chosen arm's position among the candidates."""
-        return self.candidates.index(self.arm)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from sqlalchemy import select
 
-from rofu.client.schemas import DecisionRecord
+from rofu.client.records import DecisionRecord
 from rofu.models import RofuConfig
 from rofu.models.checkpoint import CheckpointError
 from rofu.models.prepared import score

@@ -101,6 +101,7 @@ class Runtime:
             on_scored=self.metrics.batch_size.observe,
             apprentice=settings.learning_mode == "apprentice",
             hash_seed=settings.feature_hash_seed,
+            holdout=(settings.holdout_share, settings.holdout_salt),
         )
         self.batcher: MicroBatcher[Pending, Result] = MicroBatcher(
             decisions,

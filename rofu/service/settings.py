@@ -154,6 +154,11 @@ class Settings(ModelSettings):
     # serve the app's baseline_arm, log rofu's choice beside it, learn from the baseline's
     # rewards (rofu.service.deciding.apprentice).
     learning_mode: Literal["online", "apprentice"] = "online"
+    # The holdout: this share of units (a request's unit_id, else each request) is served
+    # by the control (its baseline_arm, else uniform), never trained on, and compared with
+    # rofu by GET /v1/report; another salt reshuffles the units (rofu.service.deciding.holdout).
+    holdout_share: Annotated[float, Field(ge=0, le=0.5, allow_inf_nan=False)] = 0.0
+    holdout_salt: Annotated[str, Field(min_length=1, max_length=64)] = "holdout"
 
     # The trainer.
     embedded_trainer: bool = True
@@ -253,6 +258,11 @@ class Settings(ModelSettings):
                     f"arms: arm {arm.id!r} has {width} features, arm_feature_dim is "
                     f"{self.arm_feature_dim}"
                 )
+        if self.holdout_share > 0 and self.learning_mode == "apprentice":
+            raise ValueError(
+                "holdout_share: apprentice mode serves the baseline to everyone, so a "
+                "holdout compares nothing; set it to 0 or use learning_mode=online"
+            )
         if self.mode == "production":
             if self.database_url.startswith("sqlite"):
                 raise ValueError("production mode needs a Postgres database_url, not SQLite")

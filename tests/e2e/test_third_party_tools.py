@@ -48,7 +48,7 @@ import numpy as np
 import pytest
 
 from rofu import cli
-from rofu.client.schemas import DecisionRecord
+from rofu.client.records import DecisionRecord
 from rofu.evaluation.evaluate import ridge_rewards
 from rofu.evaluation.service_log import ServiceLog, read_service_log
 from rofu.service import migrate

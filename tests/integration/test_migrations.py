@@ -12,6 +12,7 @@ from tests.support import (
     migration_0004_round_trip,
     migration_0005_round_trip,
     migration_0007_round_trip,
+    migration_0008_round_trip,
 )
 
 
@@ -60,6 +61,14 @@ def test_migrations_0005_adds_and_drops_the_activation_columns_on_postgres(pg_ur
 
 def test_migrations_0007_adds_and_drops_the_named_feature_columns_on_postgres(pg_url):
     migration_0007_round_trip(pg_url)
+    assert migrate.current_revision_of(pg_url) == migrate.head_revision()
+    with psycopg.connect(pg_url, autocommit=True) as connection:
+        connection.execute(f"truncate {', '.join(TABLES)} restart identity cascade")
+
+
+def test_migrations_0008_adds_and_drops_the_holdout_columns_on_postgres(pg_url):
+    migration_0008_round_trip(pg_url)
+    migrate.upgrade(pg_url)
     assert migrate.current_revision_of(pg_url) == migrate.head_revision()
     with psycopg.connect(pg_url, autocommit=True) as connection:
         connection.execute(f"truncate {', '.join(TABLES)} restart identity cascade")

@@ -21,6 +21,7 @@ API_PATHS = {
     "/v1/model/checkpoints",
     "/v1/admin/pin",
     "/v1/decisions",
+    "/v1/report",
 }
 PERSONALIZER_PATHS = {
     "/personalizer/v1.0/rank",

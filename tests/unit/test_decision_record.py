@@ -10,7 +10,8 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import BaseModel
 
-from rofu.client.schemas import ArmScore, DecisionRecord
+from rofu.client.records import DecisionRecord
+from rofu.client.schemas import ArmScore
 from rofu.service.db.tables import DecisionRow, RewardRow
 from rofu.service.log.export.dsjson import NOT_IN_EXTENSION, dsjson_event
 from rofu.service.log.export.parquet import parquet_row

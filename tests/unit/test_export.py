@@ -18,7 +18,7 @@ from pydantic import SecretStr
 from sqlalchemy import event
 
 from rofu import cli
-from rofu.client.schemas import DecisionRecord
+from rofu.client.records import DecisionRecord
 from rofu.service.db import repository
 from rofu.service.db.engine import make_engine, session_factory
 from rofu.service.db.tables import DecisionRow

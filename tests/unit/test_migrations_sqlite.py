@@ -1,6 +1,6 @@
 """The newest revisions up and down on SQLite: 0004 (decision probabilities, late rewards),
-0005 (deferred activation), 0006 (apprentice mode's columns) and 0007 (named and
-per-request arm features)."""
+0005 (deferred activation), 0006 (apprentice mode's columns), 0007 (named and
+per-request arm features) and 0008 (the holdout's columns, guardrail metrics)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from tests.support import (
     migration_0004_round_trip,
     migration_0005_round_trip,
     migration_0007_round_trip,
+    migration_0008_round_trip,
 )
 
 APPRENTICE_COLUMNS = {"baseline_arm", "rofu_arm", "rofu_probabilities"}
@@ -58,4 +59,10 @@ def test_migrations_0005_adds_and_drops_the_activation_columns_on_sqlite(tmp_pat
 def test_migrations_0007_upgrades_and_downgrades_on_sqlite(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/migrate.sqlite"
     migration_0007_round_trip(url)
-    assert migrate.current_revision_of(url) == migrate.head_revision() == "0007"
+    assert migrate.current_revision_of(url) == migrate.head_revision()
+
+
+def test_migrations_0008_upgrades_and_downgrades_on_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/migrate.sqlite"
+    migration_0008_round_trip(url)
+    assert migrate.current_revision_of(url) == "0008"

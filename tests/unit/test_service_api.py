@@ -583,6 +583,7 @@ async def test_service_openapi_lists_the_api(service: Service) -> None:
         "exclude",
         "explore",
         "baseline_arm",
+        "unit_id",
         "defer",
         "explain",
         "arm_features",

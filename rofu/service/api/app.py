@@ -34,6 +34,7 @@ from rofu.service.api.routes import (
     metrics,
     model,
     personalizer,
+    report,
     reward,
     select,
 )
@@ -83,6 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         arms.router,
         model.router,
         decisions.router,
+        report.router,
         admin.router,
         personalizer.router,  # the Personalizer-compatible facade, /personalizer/v1.0/...
         health.router,

@@ -18,6 +18,7 @@ from rofu.service.db import faults
 from rofu.service.db.engine import SessionFactory
 from rofu.service.db.locking import lock_decisions
 from rofu.service.db.tables import (
+    HOLDOUT,
     CheckpointRow,
     DecisionRow,
     ModelPinRow,
@@ -179,6 +180,7 @@ class TrainingRow:
     created_at: datetime
     active: bool = True
     arm_features: list[float] | None = None  # the chosen arm's per-request features
+    held_out: bool = False  # served by a holdout's control: consumed, never trained on
 
 
 def closed_decisions(
@@ -206,6 +208,7 @@ def closed_decisions(
                 d.created_at,
                 d.active,
                 None if d.arm_features is None else d.arm_features.get(d.arm_id),
+                d.experiment == HOLDOUT,
             )
             for d, value in session.execute(query)
         ]

@@ -26,6 +26,7 @@ class RewardPost:
     event_id: str
     value: float
     keep_first: bool = False
+    metrics: dict[str, float] | None = None  # guardrail metrics, stored with the value
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,9 @@ def _attach(session: Session, posts: Sequence[RewardPost], window_seconds: float
             )
         elif post.event_id not in rewards:
             late = misses_training(decision, window_seconds)
-            rewards[post.event_id] = RewardRow(event_id=post.event_id, value=post.value, late=late)
+            rewards[post.event_id] = RewardRow(
+                event_id=post.event_id, value=post.value, late=late, metrics=post.metrics
+            )
             session.add(rewards[post.event_id])
             results.append(RewardOutcome(post.event_id, post.value, False, late, decision))
         else:
@@ -124,13 +127,15 @@ def _attach(session: Session, posts: Sequence[RewardPost], window_seconds: float
 
 
 def _repeat(stored: RewardRow, post: RewardPost, repeats: Counter[str]) -> Stored:
-    """A post for an event whose reward is stored: a duplicate (its value ignored if it
-    differs and the post `keep_first`), or a `Conflict`."""
-    differs = stored.value != post.value
+    """A post for an event whose reward is stored: a duplicate (its value and metrics
+    ignored if they differ and the post `keep_first`), or a `Conflict`."""
+    differs = stored.value != post.value or (stored.metrics or None) != (post.metrics or None)
     if differs and not post.keep_first:
+        what = "reward" if stored.value != post.value else "metrics for its reward"
+        shown = stored.value if stored.value != post.value else stored.metrics
         return Conflict(
-            f"event {post.event_id!r} already has reward {stored.value}; the first value wins",
-            field="value",
+            f"event {post.event_id!r} already has {what} {shown}; the first value wins",
+            field="value" if stored.value != post.value else "metrics",
         )
     repeats[post.event_id] += 1
     return RewardOutcome(

@@ -42,6 +42,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+#: The `experiment` (and `policy`) of a decision served by a holdout's control: never
+#: trained on (`rofu.service.deciding.holdout`).
+HOLDOUT = "holdout"
+
+
 def is_active(deferred: bool, activated_at: datetime | None, activation_late: bool) -> bool:
     """Whether a decision may be trained on and evaluated: not deferred, or activated in
     time."""
@@ -74,6 +79,7 @@ class DecisionRow(Base):
     __table_args__ = (
         Index("ix_decisions_untrained", "trained_in", "created_at"),
         Index("ix_decisions_log_order", "created_at", "event_id"),  # the log's keyset pages
+        Index("ix_decisions_experiment", "experiment", "created_at"),  # GET /v1/report
     )
 
     event_id: Mapped[str] = mapped_column(String(128), primary_key=True)
@@ -114,6 +120,11 @@ class DecisionRow(Base):
     # candidate with (hashed when sent as named features), which the trainer trains the
     # chosen arm on; None when the request sent none (the catalogue's were used).
     arm_features: Mapped[dict[str, list[float]] | None] = mapped_column(JSON, default=None)
+    # While a holdout runs (0008): the group the decision was assigned to ("rofu" or
+    # "holdout", `rofu.service.deciding.holdout`) and the request's `unit_id` it was
+    # assigned by (None: by the event id). None for decisions made without a holdout.
+    experiment: Mapped[str | None] = mapped_column(String(16), default=None)
+    unit_id: Mapped[str | None] = mapped_column(String(128), default=None)
 
     @property
     def active(self) -> bool:
@@ -136,6 +147,8 @@ class RewardRow(Base):
     # Arrived after the decision's reward window closed, or after a checkpoint consumed
     # the decision: stored, never trained on (rofu.service.lifecycle.trainer).
     late: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # Guardrail metrics the app reported with the reward (0008): name -> finite number.
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
 
 class CheckpointRow(Base):

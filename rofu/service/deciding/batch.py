@@ -24,6 +24,7 @@ from rofu.service.db.tables import DecisionRow
 from rofu.service.deciding.apprentice import check_baseline, with_baseline
 from rofu.service.deciding.catalogue import Arm, CatalogueCache
 from rofu.service.deciding.explain import explanations
+from rofu.service.deciding.holdout import with_holdout
 from rofu.service.deciding.scoring import SelectJob, SelectOutcome
 from rofu.service.errors import Conflict, InvalidInput
 
@@ -65,6 +66,7 @@ class DecisionBatch:
         on_scored: called with the number of jobs each ROFU call scores.
         apprentice: serve each request's `baseline_arm` (`rofu.service.deciding.apprentice`).
         hash_seed: `ROFU_FEATURE_HASH_SEED`, for the names in explanations.
+        holdout: the holdout's (share, salt) (`rofu.service.deciding.holdout`).
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class DecisionBatch:
         *,
         apprentice: bool = False,
         hash_seed: int = 0,
+        holdout: tuple[float, str] = (0.0, "holdout"),
     ) -> None:
         self._scorer = scorer
         self._sessions = sessions
@@ -83,21 +86,14 @@ class DecisionBatch:
         self._on_scored = on_scored
         self._apprentice = apprentice
         self._hash_seed = hash_seed
+        self._holdout_share, self._holdout_salt = holdout
 
     def __call__(self, batch: list[Pending]) -> list[Result]:
         """Decide every request of the batch: replay, refuse, or score and store."""
         results = self._replays(batch)
         jobs = self._jobs(batch, results)
         outcomes = self._score(jobs, results)
-        rows = {
-            i: with_baseline(
-                _row(batch[i], jobs[i], outcome),
-                batch[i].body.baseline_arm,
-                jobs[i].candidates,
-                serve=self._apprentice,
-            )
-            for i, outcome in outcomes.items()
-        }
+        rows = {i: self._decided(batch[i], jobs[i], outcome) for i, outcome in outcomes.items()}
         results.update(self._store(batch, rows))
         for i, outcome in outcomes.items():
             result = results[i]
@@ -105,6 +101,21 @@ class DecisionBatch:
                 why = self._why(batch[i], jobs[i], outcome)
                 results[i] = dataclasses.replace(result, explanations=why)
         return [results[i] for i in range(len(batch))]
+
+    def _decided(self, pending: Pending, job: SelectJob, outcome: SelectOutcome) -> DecisionRow:
+        """The row to store: rofu's decision, the baseline recorded (served in apprentice
+        mode), and the control served to a holdout unit."""
+        body = pending.body
+        row = with_baseline(
+            _row(pending, job, outcome), body.baseline_arm, job.candidates, serve=self._apprentice
+        )
+        return with_holdout(
+            row,
+            body.unit_id,
+            job.candidates,
+            share=self._holdout_share,
+            salt=self._holdout_salt,
+        )
 
     def _why(
         self, pending: Pending, job: SelectJob, outcome: SelectOutcome

@@ -46,6 +46,8 @@ def request_hash(body: SelectRequest) -> str:
         defining["baseline_arm"] = body.baseline_arm
     if body.defer:
         defining["defer"] = True
+    if body.unit_id is not None:
+        defining["unit_id"] = body.unit_id
     if body.arm_features:  # omitted == {}
         defining["arm_features"] = body.arm_features
     canonical = json.dumps(defining, sort_keys=True)
@@ -146,6 +148,7 @@ def response(row: DecisionRow, explanations: list[ArmExplanation] | None = None)
         ],
         baseline_arm=row.baseline_arm,
         rofu_arm=row.rofu_arm,
+        experiment=row.experiment,
         deferred=row.deferred,
         explanations=explanations,
     )

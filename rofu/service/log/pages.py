@@ -19,7 +19,8 @@ from datetime import UTC, datetime
 
 from sqlalchemy import and_, or_, select
 
-from rofu.client.schemas import EVENT_ID_PATTERN, DecisionRecord
+from rofu.client.records import DecisionRecord
+from rofu.client.schemas import EVENT_ID_PATTERN
 from rofu.service.db.engine import SessionFactory
 from rofu.service.db.repository import database_errors
 from rofu.service.db.tables import DecisionRow, RewardRow

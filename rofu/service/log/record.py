@@ -1,4 +1,4 @@
-"""A decision's one record (`rofu.client.schemas.DecisionRecord`), built from its rows.
+"""A decision's one record (`rofu.client.records.DecisionRecord`), built from its rows.
 
 Every field of the record is the decision column of the same name, unless `DERIVED`
 says how it is made from the rows (a renamed column, the reward's, or a value computed
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rofu.client.schemas import DecisionRecord
+from rofu.client.records import DecisionRecord
 from rofu.service.db.tables import DecisionRow, RewardRow
 from rofu.service.deciding.apprentice import APPRENTICE
 from rofu.service.deciding.select import stored_scores
@@ -63,6 +63,7 @@ DERIVED: dict[str, Derivation] = {
     "reward": _of_reward("value"),
     "reward_received_at": _of_reward("received_at"),
     "late": _of_reward("late"),
+    "reward_metrics": _of_reward("metrics"),
     "active": Derivation(
         ("decisions.deferred", "decisions.activated_at", "decisions.activation_late"),
         lambda d, _: d.active,

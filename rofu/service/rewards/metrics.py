@@ -5,6 +5,7 @@ The `policy` label of `rofu_selections_total`, `rofu_rewarded_decisions_total` a
 
 - `cold-start`: uniform over the candidates, before any model (the row's `policy`);
 - `apprentice`: the app's own `baseline_arm`, served in apprentice mode;
+- `holdout`: the control served to a holdout unit (`rofu.service.deciding.holdout`);
 - `exploit`: rofu chose an arm with the highest mean among the candidates (what greedy
   would choose, ties included), and every request with `explore: false`;
 - `explore`: rofu chose an arm below the best mean: its optimism bonus, the exploration
@@ -29,16 +30,17 @@ from collections.abc import Sequence
 from rofu.models.scores import ArmScore
 from rofu.service.db.tables import DecisionRow
 from rofu.service.deciding.apprentice import APPRENTICE
+from rofu.service.deciding.holdout import HOLDOUT
 from rofu.service.deciding.scoring import COLD_START
 from rofu.service.metrics import SIGNS, ServiceMetrics
 
 EXPLORE, EXPLOIT = "explore", "exploit"
-POLICIES = (EXPLORE, EXPLOIT, COLD_START, APPRENTICE)
+POLICIES = (EXPLORE, EXPLOIT, COLD_START, APPRENTICE, HOLDOUT)
 
 
 def decision_policy(row: DecisionRow, scores: Sequence[ArmScore]) -> str:
     """The `policy` label of a decision row, given its per-candidate scores."""
-    if row.policy in (COLD_START, APPRENTICE):
+    if row.policy in (COLD_START, APPRENTICE, HOLDOUT):
         return row.policy
     if not row.explore:
         return EXPLOIT  # the argmax of the mean

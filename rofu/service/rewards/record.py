@@ -59,13 +59,16 @@ async def record_reward(
     metrics: ServiceMetrics,
     *,
     keep_first: bool = False,
+    guardrails: dict[str, float] | None = None,
 ) -> RewardOutcome:
     """Store the reward of `event_id`'s decision; durable once this returns. Counts it in
     `rofu_rewards_total` by outcome, and a reward stored now in the business metrics.
     `keep_first`: another value for a rewarded event is ignored, not a `Conflict`.
+    `guardrails`: the metrics stored with the value (part of what a repeat must match).
 
     Raises:
-        InvalidInput: `value` beyond `ROFU_MAX_ABS_REWARD` (field `value`).
+        InvalidInput: `value` or a metric beyond `ROFU_MAX_ABS_REWARD` (field `value`,
+            `metrics.<name>`).
         NotFound: no decision has this event id.
         Conflict: the event already has a different reward (unless `keep_first`).
         Unavailable: the database did not answer within the request deadline.
@@ -77,7 +80,13 @@ async def record_reward(
             f"value: {value} is beyond the bound +-{limit:g} (ROFU_MAX_ABS_REWARD)",
             field="value",
         )
-    post = RewardPost(event_id, value, keep_first)
+    for name, number in (guardrails or {}).items():
+        if abs(number) > limit:
+            raise InvalidInput(
+                f"metrics.{name}: {number} is beyond the bound +-{limit:g} (ROFU_MAX_ABS_REWARD)",
+                field=f"metrics.{name}",
+            )
+    post = RewardPost(event_id, value, keep_first, guardrails or None)
     outcome = await within(settings.request_deadline_seconds, rewards.submit(post))
     if isinstance(outcome, NotFound | Conflict):
         counter.labels("unknown_event" if isinstance(outcome, NotFound) else "conflict").inc()

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from rofu.client.schemas import DecisionRecord
+from rofu.client.records import DecisionRecord
 from rofu.service.api.decoding import JsonRoute
 from rofu.service.api.deps import AdminAuth, SessionsDep
 from rofu.service.api.routes import API_PREFIX

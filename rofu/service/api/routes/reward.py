@@ -21,9 +21,11 @@ ERRORS = error_responses(401, 403, 404, 409, 413, 415, 422, 503)
 async def reward(
     body: RewardRequest, settings: SettingsDep, rewards: RewardBatcherDep, metrics: MetricsDep
 ) -> RewardResponse:
-    """Attach a reward to a decision; durable before the 2xx; the first value wins; one
-    after the decision's window is stored flagged `late`."""
-    outcome = await record_reward(body.event_id, body.value, settings, rewards, metrics)
+    """Attach a reward (and any guardrail metrics) to a decision; durable before the 2xx;
+    the first value wins; one after the decision's window is stored flagged `late`."""
+    outcome = await record_reward(
+        body.event_id, body.value, settings, rewards, metrics, guardrails=body.metrics
+    )
     return RewardResponse(
         event_id=outcome.event_id,
         value=outcome.value,

@@ -15,7 +15,7 @@ without a reward has no label, so VW only predicts on it. A deferred decision no
 activated in time carries `"_skipLearn": true`, as Personalizer's logs do: VW's reader
 skips the event, so VW never learns from it (and rofu never trains on or evaluates it).
 VW ignores the `rofu` object, which keeps every other field of the decision's record
-(`rofu.client.schemas.DecisionRecord`): the policy, the per-arm scores, the late flag,
+(`rofu.client.records.DecisionRecord`): the policy, the per-arm scores, the late flag,
 the activation, apprentice mode's baseline and rofu's choice, the named context as sent
 (`c` holds its hashed vector, what the model read).
 """
@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
-from rofu.client.schemas import DecisionRecord
+from rofu.client.records import DecisionRecord
 
 #: DSJSON's format version (VW's `Version` field), not the model's.
 DSJSON_VERSION = "1"

@@ -30,7 +30,7 @@ from typing import IO
 
 import numpy as np
 
-from rofu.client.schemas import DecisionRecord
+from rofu.client.records import DecisionRecord
 
 
 class ObpExportError(ValueError):

@@ -1,13 +1,14 @@
 """Apache Parquet: one row per decision, written a row group at a time (needs pyarrow, the
 `export` extra).
 
-The columns are the fields of the decision's record (`rofu.client.schemas.DecisionRecord`),
+The columns are the fields of the decision's record (`rofu.client.records.DecisionRecord`),
 in its order, their types derived from the fields': event_id, created_at (UTC), context
 (list of floats), candidates (list of arm ids), arm, slot, propensity, probabilities (per
 candidate; null when only the propensity is known), model_version, policy, explore,
-scores (list of {arm, mean, bonus, ucb}), reward, reward_received_at and late (null
-without a reward), baseline_arm, rofu_arm and rofu_probabilities (apprentice mode; see
-`rofu.service.deciding.apprentice`), named_context (the named features the request sent,
+scores (list of {arm, mean, bonus, ucb}), reward, reward_received_at, late and
+reward_metrics (null without a reward), baseline_arm, rofu_arm and rofu_probabilities
+(apprentice mode and the holdout; see `rofu.service.deciding.apprentice`), experiment and
+unit_id (while a holdout ran: `rofu.service.deciding.holdout`), named_context (the named features the request sent,
 as JSON text; null for a dense context), arm_features (arm id -> the features it was
 scored with, for the candidates the request gave its own), deferred, activated_at,
 activation_late and active (false: a deferred decision not activated in time, which
@@ -26,7 +27,7 @@ from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
-from rofu.client.schemas import DecisionRecord
+from rofu.client.records import DecisionRecord
 
 INSTALL = "pip install 'rofu[export]'"
 #: Columns narrower than their field's type: a catalogue slot fits 32 bits.

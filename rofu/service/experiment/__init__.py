@@ -1,0 +1,1 @@
+"""Holdout experiments: rofu against a control group (`rofu.service.deciding.holdout`)."""
