@@ -30,6 +30,7 @@ from rofu.client._async import AsyncRofuClient
 from rofu.client._calls import Call, Context, Moment
 from rofu.client._errors import RofuError
 from rofu.client._sync import RofuClient
+from rofu.client.experiment import ReportResponse
 from rofu.client.records import DecisionRecord
 from rofu.client.schemas import (
     ActivateResponse,
@@ -54,6 +55,7 @@ __all__ = [
     "DecisionRecord",
     "ModelResponse",
     "Moment",
+    "ReportResponse",
     "RewardResponse",
     "RofuClient",
     "RofuError",

@@ -14,6 +14,7 @@ from rofu.client._calls import (
     CHECKPOINTS,
     MODEL,
     RECORDS,
+    REPORT,
     REWARDED,
     SELECTED,
     Call,
@@ -27,9 +28,11 @@ from rofu.client._calls import (
     export_call,
     next_page,
     parse,
+    report_call,
     reward_call,
     select_call,
 )
+from rofu.client.experiment import ReportResponse
 from rofu.client.records import DecisionRecord
 from rofu.client.schemas import (
     ActivateResponse,
@@ -103,16 +106,32 @@ class AsyncRofuClient:
         arm_features: Mapping[str, Context] | None = None,
         baseline_arm: str | None = None,
         explain: bool = False,
+        unit_id: str | None = None,
     ) -> SelectResponse:
         """POST /v1/select (see `RofuClient.select`)."""
         call = select_call(
-            context, event_id, arms, exclude, explore, defer, arm_features, baseline_arm, explain
+            context,
+            event_id,
+            arms,
+            exclude,
+            explore,
+            defer,
+            arm_features,
+            baseline_arm,
+            explain,
+            unit_id,
         )
         return parse(SELECTED, await self.send(call))
 
-    async def reward(self, event_id: str, value: float) -> RewardResponse:
-        """POST /v1/reward."""
-        return parse(REWARDED, await self.send(reward_call(event_id, value)))
+    async def reward(
+        self, event_id: str, value: float, *, metrics: Mapping[str, float] | None = None
+    ) -> RewardResponse:
+        """POST /v1/reward (see `RofuClient.reward`)."""
+        return parse(REWARDED, await self.send(reward_call(event_id, value, metrics)))
+
+    async def report(self, since: Moment = None) -> ReportResponse:
+        """GET /v1/report (admin key; see `RofuClient.report`)."""
+        return parse(REPORT, await self.send(report_call(since)))
 
     async def activate(self, event_id: str) -> ActivateResponse:
         """POST /v1/events/{event_id}/activate."""

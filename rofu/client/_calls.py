@@ -15,6 +15,7 @@ import httpx
 from pydantic import TypeAdapter
 
 from rofu.client._errors import RofuError
+from rofu.client.experiment import ReportResponse
 from rofu.client.records import DecisionRecord
 from rofu.client.schemas import (
     ActivateResponse,
@@ -32,6 +33,7 @@ Moment = datetime | str | None  # an ISO 8601 date or time; without an offset, U
 
 SELECTED = TypeAdapter(SelectResponse)
 REWARDED = TypeAdapter(RewardResponse)
+REPORT = TypeAdapter(ReportResponse)
 ARM = TypeAdapter(ArmResponse)
 ARMS = TypeAdapter(list[ArmResponse])
 MODEL = TypeAdapter(ModelResponse)
@@ -64,6 +66,7 @@ def select_call(
     arm_features: Mapping[str, Context] | None = None,
     baseline_arm: str | None = None,
     explain: bool = False,
+    unit_id: str | None = None,
 ) -> Call:
     """POST /v1/select with the arguments given (None: left out)."""
     body: dict[str, Any] = {
@@ -82,12 +85,23 @@ def select_call(
         body["baseline_arm"] = baseline_arm
     if explain:  # left out otherwise, for servers that predate it
         body["explain"] = True
+    if unit_id is not None:
+        body["unit_id"] = unit_id
     return Call("POST", "/v1/select", body)
 
 
-def reward_call(event_id: str, value: float) -> Call:
-    """POST /v1/reward."""
-    return Call("POST", "/v1/reward", {"event_id": event_id, "value": value})
+def reward_call(event_id: str, value: float, metrics: Mapping[str, float] | None = None) -> Call:
+    """POST /v1/reward (guardrail `metrics` left out when None)."""
+    body: dict[str, Any] = {"event_id": event_id, "value": value}
+    if metrics is not None:
+        body["metrics"] = dict(metrics)
+    return Call("POST", "/v1/reward", body)
+
+
+def report_call(since: Moment) -> Call:
+    """GET /v1/report."""
+    params = {} if since is None else {"since": _moment(since)}
+    return Call("GET", "/v1/report", params=params)
 
 
 def activate_call(event_id: str) -> Call:
@@ -100,12 +114,16 @@ def checkpoints_call(page_size: int) -> Call:
     return Call("GET", "/v1/model/checkpoints", params={"limit": page_size})
 
 
+def _moment(moment: datetime | str) -> str:
+    return moment.isoformat() if isinstance(moment, datetime) else moment
+
+
 def export_call(since: Moment, until: Moment, page_size: int) -> Call:
     """GET /v1/decisions, the first page."""
     params: dict[str, Any] = {"limit": page_size}
     for name, moment in (("since", since), ("until", until)):
         if moment is not None:
-            params[name] = moment.isoformat() if isinstance(moment, datetime) else moment
+            params[name] = _moment(moment)
     return Call("GET", "/v1/decisions", params=params)
 
 

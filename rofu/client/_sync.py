@@ -15,6 +15,7 @@ from rofu.client._calls import (
     CHECKPOINTS,
     MODEL,
     RECORDS,
+    REPORT,
     REWARDED,
     SELECTED,
     Call,
@@ -28,9 +29,11 @@ from rofu.client._calls import (
     export_call,
     next_page,
     parse,
+    report_call,
     reward_call,
     select_call,
 )
+from rofu.client.experiment import ReportResponse
 from rofu.client.records import DecisionRecord
 from rofu.client.schemas import (
     ActivateResponse,
@@ -99,22 +102,40 @@ class RofuClient:
         arm_features: Mapping[str, Context] | None = None,
         baseline_arm: str | None = None,
         explain: bool = False,
+        unit_id: str | None = None,
     ) -> SelectResponse:
         """POST /v1/select: a decision (the same one again for a repeated `event_id`).
 
         `context` is a vector of context_dim numbers or an object of named features;
         `arm_features` gives candidates per-request features (arm-feature models); with
         `defer`, the decision is trained on only once `activate` activates it;
-        `baseline_arm` is the app's own choice (served in apprentice mode); with
-        `explain`, the answer's `explanations` say which features moved each mean."""
+        `baseline_arm` is the app's own choice (served in apprentice mode, and to a
+        holdout's units); with `explain`, the answer's `explanations` say which features
+        moved each mean; `unit_id` (a user, a device) keeps a unit in one holdout group."""
         call = select_call(
-            context, event_id, arms, exclude, explore, defer, arm_features, baseline_arm, explain
+            context,
+            event_id,
+            arms,
+            exclude,
+            explore,
+            defer,
+            arm_features,
+            baseline_arm,
+            explain,
+            unit_id,
         )
         return parse(SELECTED, self.send(call))
 
-    def reward(self, event_id: str, value: float) -> RewardResponse:
-        """POST /v1/reward: the reward of a decision (a repeat is `duplicate`)."""
-        return parse(REWARDED, self.send(reward_call(event_id, value)))
+    def reward(
+        self, event_id: str, value: float, *, metrics: Mapping[str, float] | None = None
+    ) -> RewardResponse:
+        """POST /v1/reward: the reward of a decision (a repeat is `duplicate`), with any
+        guardrail `metrics` (name -> number) that GET /v1/report compares."""
+        return parse(REWARDED, self.send(reward_call(event_id, value, metrics)))
+
+    def report(self, since: Moment = None) -> ReportResponse:
+        """GET /v1/report (admin key): rofu against its holdout, from `since` on."""
+        return parse(REPORT, self.send(report_call(since)))
 
     def activate(self, event_id: str) -> ActivateResponse:
         """POST /v1/events/{event_id}/activate: a deferred decision may be trained on

@@ -88,7 +88,7 @@ class SelectFields(_Strict, Generic[FeaturesT]):
     )
     unit_id: UnitId | None = Field(
         default=None,
-        description="The unit (a user, a session) a holdout assigns by: the same unit is "
+        description="The unit (a user, a device) a holdout assigns by: the same unit is "
         "always in the same group (ROFU_HOLDOUT_SHARE); without it, each request is drawn "
         "afresh",
     )

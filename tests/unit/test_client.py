@@ -295,3 +295,23 @@ class _stretched:
 
     def __repr__(self) -> str:
         return f"[{self.asked:g}, {1.5 * self.asked:g})"
+
+
+@pytest.mark.anyio
+async def test_client_sends_unit_ids_and_metrics_and_reads_the_report(sqlite_settings):
+    settings = sqlite_settings.model_copy(update={"holdout_share": 0.5})
+    seed_checkpoint(settings, n_rows=20)
+    async with app_client(settings) as (http, app):
+        transport = httpx.ASGITransport(app=app)
+        async with AsyncRofuClient(str(http.base_url), transport=transport) as rofu:
+            groups = set()
+            for i in range(12):
+                decision = await rofu.select([0.1, 0.2, 0.3, 0.4], unit_id=f"user-{i}")
+                assert decision.experiment in {"rofu", "holdout"}
+                groups.add(decision.experiment)
+                await rofu.reward(decision.event_id, 1.0, metrics={"latency_ms": 10.0 * i})
+            report = await rofu.report()
+            assert await rofu.report(since=datetime(2999, 1, 1, tzinfo=UTC)) != report
+    assert groups == {"rofu", "holdout"}
+    assert sum(group.units for group in report.groups.values()) == 12
+    assert set(report.guardrails) == {"latency_ms"}

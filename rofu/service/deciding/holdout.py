@@ -4,7 +4,7 @@ A decision is in the holdout when the unit it is made for hashes below the share
 
     u = 53 bits of SHA-256("holdout:{salt}:{unit}") / 2^53,  in the holdout iff u < share
 
-where the unit is the request's `unit_id` (a user, a session: the same unit is always in
+where the unit is the request's `unit_id` (a user, a device: the same unit is always in
 the same group, whatever replica answers) or, without one, the decision's event id (each
 request drawn afresh). The salt (`ROFU_HOLDOUT_SALT`) starts a new experiment: another
 salt reshuffles the units. The draw is independent of rofu's own (`event_uniform`), so the

@@ -8,11 +8,11 @@ candidate; null when only the propensity is known), model_version, policy, explo
 scores (list of {arm, mean, bonus, ucb}), reward, reward_received_at, late and
 reward_metrics (null without a reward), baseline_arm, rofu_arm and rofu_probabilities
 (apprentice mode and the holdout; see `rofu.service.deciding.apprentice`), experiment and
-unit_id (while a holdout ran: `rofu.service.deciding.holdout`), named_context (the named features the request sent,
-as JSON text; null for a dense context), arm_features (arm id -> the features it was
-scored with, for the candidates the request gave its own), deferred, activated_at,
-activation_late and active (false: a deferred decision not activated in time, which
-training and evaluation leave out).
+unit_id (while a holdout ran: `rofu.service.deciding.holdout`), named_context (the named
+features the request sent, as JSON text; null for a dense context), arm_features (arm
+id -> the features it was scored with, for the candidates the request gave its own),
+deferred, activated_at, activation_late and active (false: a deferred decision not
+activated in time, which training and evaluation leave out).
 """
 
 from __future__ import annotations
