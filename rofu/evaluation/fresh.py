@@ -5,6 +5,12 @@ better than it is: its mean chose, row by row, the arms whose logged rewards it 
 A row is fresh for checkpoint v when it was decided after v was stored and no training
 of v or of an earlier version consumed it (`trained_in` is unset or later than v; the
 trainer marks every decision it consumes, `rofu.service.db.repository.commit_checkpoint`).
+An imported row (`rofu import`: decided by another system, e.g. Personalizer, before
+or after v was stored) is fresh for v unless the training of v or an earlier version
+consumed it: no rofu model decided it, so the only way a checkpoint can have seen its
+reward is through a training run that consumed it, which `trained_in` records. This is
+what lets `rofu train --from-log --holdout` evaluate the checkpoint it makes on the
+imported rows it left out.
 `rofu evaluate` scores each checkpoint's policies on its fresh rows unless told to use
 every row (`--include-training-rows`), and then counts the rows the checkpoint saw.
 """
@@ -20,11 +26,12 @@ from rofu.evaluation.service_log import ServiceLog
 
 
 def fresh_rows(log: ServiceLog, version: int, created_at: datetime) -> np.ndarray:
-    """(N,) bool: the rows decided after checkpoint `version` was stored at `created_at`
-    and consumed by no training of it or an earlier version."""
+    """(N,) bool: the rows decided after checkpoint `version` was stored at `created_at`,
+    or imported, and consumed by no training of it or an earlier version."""
     stored = np.datetime64(created_at.astimezone(UTC).replace(tzinfo=None), "us")
     unconsumed = (log.trained_in < 0) | (log.trained_in > version)
-    return (log.decided_at > stored) & unconsumed
+    fresh: np.ndarray = ((log.decided_at > stored) | log.imported) & unconsumed
+    return fresh
 
 
 def seen_rows(log: ServiceLog, version: int) -> np.ndarray:

@@ -31,6 +31,7 @@ from rofu.service.deciding.catalogue import Catalogue, CatalogueCache
 from rofu.service.deciding.scoring import checkpoint_generator, prepare_served
 from rofu.service.deciding.snapshot import Snapshot, load_served
 from rofu.service.lifecycle.checkpoint_store import CheckpointStore
+from rofu.service.log.imports.rows import IMPORTED
 from rofu.service.log.pages import EVERYTHING, Window, iter_decisions
 from rofu.service.log.record import rule_probabilities
 from rofu.service.settings import Settings
@@ -67,6 +68,8 @@ class ServiceLog:
             them); () when no row sent any.
         decided_at: (N,) datetime64[us], when each decision was made (UTC).
         trained_in: (N,) the version whose training consumed the decision, -1 for none.
+        imported: (N,) bool, read in by `rofu import` (policy "imported"): decided by
+            another system, seen by a checkpoint only if its training consumed it.
     """
 
     contexts: np.ndarray
@@ -84,6 +87,7 @@ class ServiceLog:
     rule: np.ndarray
     decided_at: np.ndarray
     trained_in: np.ndarray
+    imported: np.ndarray
     unactivated: int = 0
     arm_features: tuple[dict[str, list[float]] | None, ...] = ()
 
@@ -200,6 +204,7 @@ def _arrays(
         rule=rule,
         decided_at=np.array([_utc_naive(r.created_at) for r in records], dtype="datetime64[us]"),
         trained_in=np.array([consumed.get(r.event_id, -1) for r in records], dtype=np.int64),
+        imported=np.array([r.policy == IMPORTED for r in records], dtype=bool),
         arm_features=_own_arm_features(records),
     )
 

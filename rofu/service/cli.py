@@ -1,4 +1,4 @@
-"""The service's commands: serve, migrate, trainer, pin, unpin and export.
+"""The service's commands: serve, migrate, trainer, pin, unpin, export, import and train.
 
 `rofu.cli` dispatches them (and the harness's replay, ope, evaluate and bench, which this
 package never imports); `python -m rofu.service.cli` runs them alone, in an image installed
@@ -146,6 +146,30 @@ def _export(args: argparse.Namespace) -> int:
     return export.run(get_settings(), args)
 
 
+def _import(args: argparse.Namespace) -> int:
+    from rofu.service.log import imports
+
+    return imports.run(get_settings(), args)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from rofu.service.lifecycle import from_log
+
+    _logging(args.log_level)
+    return from_log.run(get_settings(), args)
+
+
+def _share(text: str) -> float:
+    """A fraction in [0, 1) from the command line."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a fraction in [0, 1), e.g. 0.2")
+    return value
+
+
 def moment(text: str) -> datetime:
     """An ISO 8601 date or time from the command line; without an offset it is UTC."""
     try:
@@ -157,7 +181,7 @@ def moment(text: str) -> datetime:
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
-SERVICE_COMMANDS = ("serve", "migrate", "trainer", "pin", "unpin", "export")
+SERVICE_COMMANDS = ("serve", "migrate", "trainer", "pin", "unpin", "export", "import", "train")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
@@ -189,6 +213,41 @@ def add_commands(commands: Any) -> None:
     pin.add_argument("version", type=int, nargs="?", help="version to serve (omit: show the pin)")
     commands.add_parser("unpin", help="serve the newest checkpoint again")
     _add_export(commands)
+    _add_import(commands)
+
+
+def _add_import(commands: Any) -> None:
+    imported = commands.add_parser(
+        "import",
+        help="read decision logs (VW DSJSON: rofu export's, Personalizer's) into the database",
+    )
+    imported.add_argument(
+        "--dsjson",
+        type=Path,
+        nargs="+",
+        required=True,
+        metavar="FILE",
+        help="DSJSON files, one event a line; each is imported whole or not at all",
+    )
+    train = commands.add_parser(
+        "train", help="store checkpoints trained on the stored (e.g. imported) log"
+    )
+    train.add_argument(
+        "--from-log",
+        action="store_true",
+        help="train on every decision not yet consumed, without waiting for reward windows",
+    )
+    train.add_argument(
+        "--holdout",
+        type=_share,
+        default=0.0,
+        metavar="FRACTION",
+        help="leave the newest FRACTION of the rewarded decisions unconsumed, for "
+        "`rofu evaluate` (default 0)",
+    )
+    train.add_argument(
+        "--log-level", default="warning", choices=LOG_LEVELS, help="log threshold (default warning)"
+    )
 
 
 def _add_export(commands: Any) -> None:
@@ -225,6 +284,8 @@ def run(args: argparse.Namespace) -> int:
         "pin": _pin,
         "unpin": _pin,
         "export": _export,
+        "import": _import,
+        "train": _train,
     }
     return handlers[args.command](args)
 

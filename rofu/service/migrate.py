@@ -10,7 +10,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
-from rofu.service.db.engine import make_engine
+from rofu.service.db.engine import MissingDatabase, existing_engine, make_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,3 +54,21 @@ def current_revision_of(url: str) -> str | None:
         return current_revision(engine)
     finally:
         engine.dispose()
+
+
+def migrated_engine(url: str) -> Engine:
+    """An engine on an existing rofu database whose schema is at the head revision, for
+    commands that write into a database they do not create (`rofu import`, `rofu train`).
+
+    Raises:
+        MissingDatabase: no rofu database at `url` (`existing_engine`), or one not
+            migrated to the head (run `rofu migrate`).
+    """
+    engine = existing_engine(url)
+    current, head = current_revision(engine), head_revision()
+    if current != head:
+        engine.dispose()
+        raise MissingDatabase(
+            f"the database schema is at {current}, not {head}: run `rofu migrate`"
+        )
+    return engine
