@@ -36,7 +36,8 @@ class NothingToTrain(ValueError):
 
 
 def cutoff(sessions: SessionFactory, holdout: float) -> tuple[datetime, int]:
-    """(the newest decision time to train on, how many rewarded rows are held out).
+    """(the newest decision time to train on, how many rewarded rows that leaves out: fewer
+    than the fraction asks when decisions share the cut-off's timestamp).
 
     Raises:
         NothingToTrain: no unconsumed rewarded, active decision, or the holdout keeps all.
@@ -61,7 +62,10 @@ def cutoff(sessions: SessionFactory, holdout: float) -> tuple[datetime, int]:
             f"{len(times)} unconsumed rewarded decisions"
             + (f", all held out by --holdout {holdout:g}" if times else "")
         )
-    return (times[-held - 1], held) if held else (datetime.now(UTC), 0)
+    if not held:
+        return datetime.now(UTC), 0
+    until = times[-held - 1]
+    return until, sum(time > until for time in times)  # ties with the cut-off are trained on
 
 
 def train_from_log(settings: Settings, holdout: float = 0.0) -> tuple[list[TrainReport], int]:
