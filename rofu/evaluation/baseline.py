@@ -43,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from rofu.evaluation.service_log import ServiceLog
 from rofu.replay.ope import Estimate
+from rofu.service.log.service_log import ServiceLog
 
 AS_LOGGED = "rofu as logged"
 BEATS = "beats the baseline"

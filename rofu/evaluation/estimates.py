@@ -19,32 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from rofu.evaluation.service_log import ServiceLog
 from rofu.replay.ope import Estimate, dr_estimate, ips_estimate, ratio_estimate, snips_estimate
+from rofu.service.log.off_policy import ridge_rewards as ridge_rewards  # DR's model
+from rofu.service.log.service_log import ServiceLog
 
 #: Support below which IPS, SNIPS and DR are refused (`rofu evaluate --min-support`): past
 #: 5% of a policy's choices the log never made, no reweighting shows what they earn.
 MIN_SUPPORT = 0.95
 REWEIGHTED = ("ips", "snips", "dr")
-
-
-def ridge_rewards(log: ServiceLog, *, l2: float = 1e-3, seed: int = 0) -> np.ndarray:
-    """DR's (and DM's) reward model: (N, S) predictions of a ridge regression per arm on
-    [x, 1], each row predicted by the fit on the other fold (the training mean for an arm
-    that fold never chose). The ridge is small: shrinkage would bias what DR extrapolates
-    to arms that have no logged reward (apprentice logs), which no correction term undoes."""
-    phi = np.hstack([log.contexts, np.ones((len(log), 1))])  # (N, D + 1)
-    fold = np.random.default_rng(seed).integers(2, size=len(log))  # (N,)
-    q = np.zeros((len(log), log.n_slots))
-    for k in range(2):
-        train, test = fold != k, fold == k
-        q[test] = log.rewards[train].mean() if train.any() else 0.0
-        for slot in np.unique(log.actions[train]):
-            rows = train & (log.actions == slot)
-            gram = phi[rows].T @ phi[rows] + l2 * np.eye(phi.shape[1])
-            weights = np.linalg.solve(gram, phi[rows].T @ log.rewards[rows])
-            q[test, slot] = phi[test] @ weights
-    return q
 
 
 def support(probabilities: np.ndarray, log: ServiceLog) -> tuple[float | None, int]:

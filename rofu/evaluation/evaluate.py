@@ -5,7 +5,7 @@ reader; each target policy is a (N, S) table of exact choice probabilities on th
 contexts and candidates, computed with the service's own rule (`rofu.models.selection`):
 
 - `served`: the served checkpoint (the pinned one, else the newest), scored as the
-  service scores it (`rofu.evaluation.service_log.score_checkpoint`) under the ROFU
+  service scores it (`rofu.service.log.service_log.score_checkpoint`) under the ROFU
   configuration the checkpoint recorded (`rofu.evaluation.recorded`: estimator, bonus
   scale, selection rule, floor, igw gamma), not this shell's settings;
 - the served model with other exploration settings: other exploration floors, other
@@ -19,7 +19,7 @@ A request that asked not to explore keeps its argmax of the mean under every rul
 the service would answer it.
 
 Rows: each checkpoint's policies are estimated on the rows fresh for that checkpoint
-(`rofu.evaluation.fresh`: decided after it was stored, consumed by no training of it or
+(`rofu.service.log.fresh`: decided after it was stored, consumed by no training of it or
 an earlier version), since on the rows it was fitted on its choices look better than
 they are; uniform and the logged value on the served checkpoint's fresh rows, so that
 the served policy, its variations, uniform and the logged one are compared on the same
@@ -54,13 +54,13 @@ import numpy as np
 from rofu.evaluation.baseline import compare_with_baseline
 from rofu.evaluation.estimates import MIN_SUPPORT, estimate, logged_value
 from rofu.evaluation.estimates import ridge_rewards as ridge_rewards  # DR's model, re-exported
-from rofu.evaluation.fresh import fresh_rows, seen_rows, span
 from rofu.evaluation.policies import Plan, TargetPolicy, Variations, target_policies
 from rofu.evaluation.report import write_report
-from rofu.evaluation.service_log import EvaluationError, ServiceLog, read_service_log
 from rofu.service.db.engine import MissingDatabase, existing_engine, session_factory
 from rofu.service.errors import ServiceError
+from rofu.service.log.fresh import fresh_rows, seen_rows, span
 from rofu.service.log.pages import EVERYTHING, Window, utc
+from rofu.service.log.service_log import EvaluationError, ServiceLog, read_service_log
 from rofu.service.settings import Settings
 
 DEFAULT_OUT = Path("results") / "tmp" / "evaluate"

@@ -2,7 +2,7 @@
 
 Each checkpoint's policies (as served, greedy, other floors and bonus scales; an older
 checkpoint as it served) are scored under the configuration that checkpoint recorded
-(`rofu.evaluation.recorded`) on the rows fresh for it (`rofu.evaluation.fresh`); uniform
+(`rofu.evaluation.recorded`) on the rows fresh for it (`rofu.service.log.fresh`); uniform
 on the served checkpoint's rows, which the logged value is also estimated on, so the
 served family, uniform and the log are compared on the same rows. `everything`
 (`--include-training-rows`) puts every row of the window under every policy.
@@ -14,21 +14,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
-from rofu.evaluation.fresh import fresh_rows, seen_rows
 from rofu.evaluation.recorded import MISMATCH, ServingConfig, log_mismatch, recorded_config
-from rofu.evaluation.service_log import (
-    CheckpointScores,
+from rofu.models.selection import ARGMAX, SelectionRule
+from rofu.service.db import repository
+from rofu.service.db.engine import SessionFactory
+from rofu.service.log.fresh import fresh_rows, seen_rows
+from rofu.service.log.off_policy import rule_probabilities as rule_probabilities
+from rofu.service.log.service_log import (
     EvaluationError,
     ServiceLog,
     StoredCheckpoint,
     load_stored,
     score_checkpoint,
 )
-from rofu.models.selection import ARGMAX, SelectionRule, choice_probabilities
-from rofu.service.db import repository
-from rofu.service.db.engine import SessionFactory
 from rofu.service.settings import Settings
 
 UNIFORM = "every candidate alike"
@@ -75,22 +74,6 @@ class Plan:
     served_config: ServingConfig | None = None
     mismatch: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
-
-
-def rule_probabilities(
-    scores: CheckpointScores, log: ServiceLog, rule: SelectionRule, bonus_scale: float = 1.0
-) -> np.ndarray:
-    """(N, S) probabilities of `rule` over mean + bonus_scale * bonus (the mean alone
-    for a request that asked not to explore)."""
-    explore = log.explore[:, None]
-    values = np.where(explore, scores.mean + bonus_scale * scores.bonus, scores.mean)
-    chosen = choice_probabilities(
-        torch.from_numpy(values),
-        torch.from_numpy(log.candidates),
-        rule,
-        torch.from_numpy(log.explore),
-    )
-    return chosen.numpy()
 
 
 def uniform_probabilities(log: ServiceLog) -> np.ndarray:

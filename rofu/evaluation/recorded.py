@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from rofu.evaluation.service_log import ServiceLog
 from rofu.models import RofuConfig
+from rofu.service.log.service_log import ServiceLog
 
 #: The `Checkpoint.extra` key of the trainer's configuration record (a JSON object whose
 #: `rofu` entry is the `RofuConfig` as a dict).

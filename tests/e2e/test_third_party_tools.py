@@ -50,11 +50,11 @@ import pytest
 from rofu import cli
 from rofu.client.records import DecisionRecord
 from rofu.evaluation.evaluate import ridge_rewards
-from rofu.evaluation.service_log import ServiceLog, read_service_log
 from rofu.service import migrate
 from rofu.service.db.engine import make_engine, session_factory
 from rofu.service.lifecycle.trainer import Trainer
 from rofu.service.log.pages import EVERYTHING, Window, iter_decisions
+from rofu.service.log.service_log import ServiceLog, read_service_log
 from rofu.service.settings import Settings, get_settings
 from tests.support import app_client, require_module
 

@@ -224,7 +224,7 @@ async def test_evaluation_rescores_the_log_with_each_requests_own_arm_features(
 ):
     """`rofu evaluate` rescores what was served, with a stability cap too: the step it
     resolves for the checkpoint is the service's."""
-    from rofu.evaluation.service_log import checkpoint_scores, read_service_log
+    from rofu.service.log.service_log import checkpoint_scores, read_service_log
 
     settings = settings.model_copy(update={"stability_cap": cap})
     async with app_client(settings) as (client, app):

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rofu.evaluation.service_log import read_service_log
 from rofu.service.db.engine import make_engine, session_factory
 from rofu.service.log.export import export
 from rofu.service.log.pages import Window
+from rofu.service.log.service_log import read_service_log
 from rofu.service.settings import Settings
 from tests.support import app_client
 

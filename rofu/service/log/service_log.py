@@ -3,7 +3,7 @@
 `read_service_log` reads the rewarded decisions through the export reader
 (`rofu.service.log.pages`), leaving out deferred decisions not activated in time (their
 choice may not have been shown, so they say nothing of any policy's value), with when
-each was made and which checkpoint's training consumed it (`rofu.evaluation.fresh`
+each was made and which checkpoint's training consumed it (`rofu.service.log.fresh`
 tells from these which rows a checkpoint has not seen); `checkpoint_scores` scores the
 logged contexts with a stored checkpoint exactly as the service would have: the same
 network, ROFU configuration, clamping and per-version generator.

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from rofu.evaluation.service_log import ServiceLog
+from rofu.service.log.service_log import ServiceLog
 
 
 def fresh_rows(log: ServiceLog, version: int, created_at: datetime) -> np.ndarray:
