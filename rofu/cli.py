@@ -1,9 +1,9 @@
 """The `rofu` command: the service's commands, the replay harness and the benchmarks.
 
-`service` owns serve, migrate, trainer, pin, unpin, export, import and train and imports
-neither `replay` nor `benchmarks`; they are imported here only when their command runs, so
-an image installed without the `replay` extra still serves, and says what to install when
-asked to replay.
+`service` owns serve, migrate, trainer, pin, unpin, promote, reject, export, import and
+train and imports neither `replay` nor `benchmarks`; they are imported here only when
+their command runs, so an image installed without the `replay` extra still serves, and
+says what to install when asked to replay.
 The service itself is imported lazily too: with only the client installed (`pip install
 rofu`), its commands say to install the `server` extra instead of failing on an import.
 """
@@ -19,7 +19,10 @@ from types import ModuleType
 from pydantic import ValidationError
 
 #: The service's commands (`rofu.service.cli`), which need the `server` extra.
-SERVER_COMMANDS = ("serve", "migrate", "trainer", "pin", "unpin", "export", "import", "train")
+SERVER_COMMANDS = (
+    *("serve", "migrate", "trainer", "pin", "unpin", "promote", "reject"),
+    *("export", "import", "train"),
+)
 #: What the service needs beyond the client (the `server` extra), as module names.
 SERVER_EXTRA = (
     *("torch", "numpy", "safetensors", "pydantic_settings", "fastapi", "fastapi_offline"),

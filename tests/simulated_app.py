@@ -77,8 +77,11 @@ class KnownApp:
         means = self.means(np.array([row.context for row in rows]))
         return float((policy * means).sum(axis=1).mean())
 
-    async def serve(self, settings: Settings, prefix: str, n: int) -> list[Logged]:
-        """`n` decisions by the service (every third among `SUBSET`), all rewarded."""
+    async def serve(
+        self, settings: Settings, prefix: str, n: int, *, flip: bool = False
+    ) -> list[Logged]:
+        """`n` decisions by the service (every third among `SUBSET`), all rewarded (with
+        `flip`, by the negated reward: a poisoned batch)."""
         contexts = self.rng.normal(size=(n, DIM)).round(6)
         noise = self.rng.normal(size=n)  # drawn up front: any completion order, same log
         logged: list[Logged] = []
@@ -94,6 +97,7 @@ class KnownApp:
                 decision = (await client.post("/v1/select", json=body)).json()
                 arm = ARMS.index(decision["arm"])
                 value = float(self.means(contexts[i : i + 1])[0, arm] + NOISE * noise[i])
+                value = -value if flip else value
                 reward = {"event_id": decision["event_id"], "value": value}
                 assert (await client.post("/v1/reward", json=reward)).status_code == 200
                 logged.append(_logged(body, decision))

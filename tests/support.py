@@ -452,6 +452,39 @@ def migration_0008_round_trip(url: str) -> None:
         engine.dispose()
 
 
+def migration_0009_round_trip(url: str) -> None:
+    """Upgrade a database at 0008 with a checkpoint to head, down to 0008 and up again:
+    the stored checkpoint comes out promoted (it was served), with no gate figures."""
+    from sqlalchemy import inspect, text
+
+    from rofu.service import migrate
+    from rofu.service.db.engine import make_engine
+
+    migrate.upgrade(url, "0008")
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "insert into checkpoints (version, created_at, checksum, size_bytes, "
+                    "metrics, rows_trained, n_total) values (1, :now, 'c', 0, '{}', 0, 0)"
+                ),
+                {"now": datetime.now(UTC)},
+            )
+        for step in ("head", "0008", "head"):
+            (migrate.upgrade if step == "head" else migrate.downgrade)(url, step)
+            engine.dispose()
+            names = {column["name"] for column in inspect(engine).get_columns("checkpoints")}
+            present = step == "head"
+            assert ("gate_status" in names, "gate" in names) == (present, present)
+            if present:
+                with engine.connect() as connection:
+                    row = connection.execute(text("select gate_status, gate from checkpoints"))
+                    assert tuple(row.one()) == ("promoted", None)
+    finally:
+        engine.dispose()
+
+
 def together(*work: Callable[[], Any]) -> list[Any]:
     """Run each function in its own thread, released at once (a barrier); their results, or
     the exceptions they raised, in order."""

@@ -349,6 +349,17 @@ class CheckpointInfo(BaseModel):
     rows_trained: int
     n_total: int
     metrics: dict[str, float]
+    gate_status: Literal["candidate", "promoted", "rejected"] = Field(
+        "promoted",
+        description="The evaluation gate's: candidate (not served yet), promoted (servable) "
+        "or rejected (kept, never served)",
+    )
+    gate: dict[str, Any] | None = Field(
+        None,
+        description="What the decision rested on: the candidate's DR and the serving model's "
+        "logged value with their 95% intervals, rows, tolerance, reason, when and by whom "
+        "(gate or operator); null when undecided or stored before the gate",
+    )
 
 
 class ErrorBody(BaseModel):

@@ -1,4 +1,5 @@
-"""The service's commands: serve, migrate, trainer, pin, unpin, export, import and train.
+"""The service's commands: serve, migrate, trainer, pin, unpin, promote, reject, export,
+import and train.
 
 `rofu.cli` dispatches them (and the harness's replay, ope, evaluate and bench, which this
 package never imports); `python -m rofu.service.cli` runs them alone, in an image installed
@@ -140,6 +141,35 @@ def _pin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _decide(args: argparse.Namespace) -> int:
+    """`rofu promote` / `rofu reject`: the evaluation gate's decision by hand."""
+    from rofu.service.db import repository
+    from rofu.service.db.engine import make_engine, session_factory
+    from rofu.service.errors import ServiceError
+    from rofu.service.lifecycle import gate_admin
+    from rofu.service.lifecycle.redis_bus import RedisBus
+
+    settings = get_settings()
+    engine = make_engine(settings.database_url)
+    sessions = session_factory(engine)
+    bus = None if settings.redis_url is None else RedisBus.of(settings)
+    status = "promoted" if args.command == "promote" else "rejected"
+    try:
+        row = gate_admin.decide(sessions, args.version, status, args.reason, bus)
+        newest = repository.latest_checkpoint(sessions, with_blob=False)
+        pinned = repository.get_pin(sessions)
+    except ServiceError as exc:
+        print(f"rofu {args.command}: {exc.message}", file=sys.stderr)
+        return 1
+    finally:
+        engine.dispose()
+        if bus is not None:
+            bus.close()
+    served = pinned if pinned is not None else (None if newest is None else newest.version)
+    print(f"checkpoint {row.version}: {row.gate_status}; served: {served or 'none'}")
+    return 0
+
+
 def _export(args: argparse.Namespace) -> int:
     from rofu.service.log import export
 
@@ -181,7 +211,10 @@ def moment(text: str) -> datetime:
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
-SERVICE_COMMANDS = ("serve", "migrate", "trainer", "pin", "unpin", "export", "import", "train")
+SERVICE_COMMANDS = (
+    *("serve", "migrate", "trainer", "pin", "unpin", "promote", "reject"),
+    *("export", "import", "train"),
+)
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
@@ -212,6 +245,10 @@ def add_commands(commands: Any) -> None:
     pin = commands.add_parser("pin", help="roll back: serve a stored checkpoint version")
     pin.add_argument("version", type=int, nargs="?", help="version to serve (omit: show the pin)")
     commands.add_parser("unpin", help="serve the newest checkpoint again")
+    for name, what in (("promote", "servable: served if newest"), ("reject", "never served")):
+        gate = commands.add_parser(name, help=f"the evaluation gate by hand: {what}")
+        gate.add_argument("version", type=int, help="the stored checkpoint's version")
+        gate.add_argument("--reason", help="why (stored with the decision)")
     _add_export(commands)
     _add_import(commands)
 
@@ -283,6 +320,8 @@ def run(args: argparse.Namespace) -> int:
         "trainer": _trainer,
         "pin": _pin,
         "unpin": _pin,
+        "promote": _decide,
+        "reject": _decide,
         "export": _export,
         "import": _import,
         "train": _train,

@@ -207,6 +207,21 @@ class ServiceMetrics:
         )
         for reason in ("locked", "claim_lost"):  # a zero series of each from the start
             self.trainer_skipped.labels(reason)
+        self.gate_decisions = Counter(
+            "rofu_gate_decisions_total",
+            "Candidate checkpoints the trainer's evaluation gate decided, by decision "
+            "(promoted: published and served; rejected: kept, never served) "
+            "(rofu/service/lifecycle/gate.py)",
+            ["decision"],
+            registry=r,
+        )
+        for decision in ("promoted", "rejected"):  # a zero series of each from the start
+            self.gate_decisions.labels(decision)
+        self.gate_candidate = Gauge(
+            "rofu_gate_candidate_version",
+            "The candidate checkpoint awaiting the evaluation gate (0: none)",
+            registry=r,
+        )
         self.trainer_publish_failures = Counter(
             "rofu_trainer_publish_failures_total",
             "Stored checkpoints whose bus notice failed (replicas catch up by polling)",

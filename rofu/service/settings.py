@@ -182,6 +182,14 @@ class Settings(ModelSettings):
     # prequential squared loss is served. One name: that learner alone.
     learners: tuple[str, ...] = family_learners(PRODUCT)
 
+    # The evaluation gate (rofu.service.lifecycle.gate; docs/operations.md): on (auto: in
+    # production mode) a new checkpoint is served only once its DR lower bound on the
+    # rewarded decisions made after it is >= the served model's value - gate_tolerance.
+    gate: Literal["auto", "on", "off"] = "auto"
+    gate_tolerance: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.02
+    gate_min_rows: Annotated[int, Field(ge=2)] = 200
+    gate_window: Annotated[int, Field(ge=2)] = 2000
+
     trainer_metrics_port: Annotated[int, Field(ge=0, le=65535)] = 9101  # 0: no endpoint
     startup_timeout_seconds: Annotated[float, Field(gt=0)] = 120.0
 
@@ -286,6 +294,17 @@ class Settings(ModelSettings):
                 "would be cancelled before its lock wait ends"
             )
         return self
+
+    @model_validator(mode="after")
+    def _gate_window(self) -> Settings:
+        if self.gate_window < self.gate_min_rows:
+            raise ValueError(f"gate_window is below gate_min_rows ({self.gate_min_rows})")
+        return self
+
+    @property
+    def gate_on(self) -> bool:
+        """Whether new checkpoints pass the evaluation gate (`gate`, `auto` resolved)."""
+        return self.gate == "on" or (self.gate == "auto" and self.mode == "production")
 
     @model_validator(mode="after")
     def _composes(self) -> Settings:

@@ -13,6 +13,7 @@ from tests.support import (
     migration_0005_round_trip,
     migration_0007_round_trip,
     migration_0008_round_trip,
+    migration_0009_round_trip,
 )
 
 
@@ -69,6 +70,13 @@ def test_migrations_0007_adds_and_drops_the_named_feature_columns_on_postgres(pg
 def test_migrations_0008_adds_and_drops_the_holdout_columns_on_postgres(pg_url):
     migration_0008_round_trip(pg_url)
     migrate.upgrade(pg_url)
+    assert migrate.current_revision_of(pg_url) == migrate.head_revision()
+    with psycopg.connect(pg_url, autocommit=True) as connection:
+        connection.execute(f"truncate {', '.join(TABLES)} restart identity cascade")
+
+
+def test_migrations_0009_adds_the_gate_columns_existing_checkpoints_promoted_on_postgres(pg_url):
+    migration_0009_round_trip(pg_url)
     assert migrate.current_revision_of(pg_url) == migrate.head_revision()
     with psycopg.connect(pg_url, autocommit=True) as connection:
         connection.execute(f"truncate {', '.join(TABLES)} restart identity cascade")

@@ -20,6 +20,7 @@ API_PATHS = {
     "/v1/model",
     "/v1/model/checkpoints",
     "/v1/admin/pin",
+    "/v1/admin/checkpoints/{version}",
     "/v1/decisions",
     "/v1/report",
 }

@@ -121,6 +121,7 @@ JSON_POSTS: list[tuple[str, str, dict[str, object]]] = [
     ("POST", "/v1/reward", {"event_id": SEEDED, "value": 1.0}),
     ("POST", "/v1/arms", {"id": "arm-new"}),
     ("PUT", "/v1/admin/pin", {"version": 1}),
+    ("PUT", "/v1/admin/checkpoints/1", {"status": "rejected"}),
     ("POST", f"{PREFIX}/rank", {**RANK, "eventId": "ranked"}),
     ("POST", f"{PREFIX}/events/{SEEDED}/reward", {"value": 1.0}),
 ]

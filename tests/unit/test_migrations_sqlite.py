@@ -1,6 +1,7 @@
 """The newest revisions up and down on SQLite: 0004 (decision probabilities, late rewards),
 0005 (deferred activation), 0006 (apprentice mode's columns), 0007 (named and
-per-request arm features) and 0008 (the holdout's columns, guardrail metrics)."""
+per-request arm features), 0008 (the holdout's columns, guardrail metrics) and 0009 (the
+evaluation gate's checkpoint status)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tests.support import (
     migration_0005_round_trip,
     migration_0007_round_trip,
     migration_0008_round_trip,
+    migration_0009_round_trip,
 )
 
 APPRENTICE_COLUMNS = {"baseline_arm", "rofu_arm", "rofu_probabilities"}
@@ -66,3 +68,9 @@ def test_migrations_0008_upgrades_and_downgrades_on_sqlite(tmp_path: Path) -> No
     url = f"sqlite:///{tmp_path}/migrate.sqlite"
     migration_0008_round_trip(url)
     assert migrate.current_revision_of(url) == "0008"
+
+
+def test_migrations_0009_upgrades_and_downgrades_on_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/migrate.sqlite"
+    migration_0009_round_trip(url)
+    assert migrate.current_revision_of(url) == migrate.head_revision() == "0009"

@@ -19,6 +19,7 @@ from rofu.service.db.engine import SessionFactory
 from rofu.service.db.locking import lock_decisions
 from rofu.service.db.tables import (
     HOLDOUT,
+    PROMOTED,
     CheckpointRow,
     DecisionRow,
     ModelPinRow,
@@ -107,12 +108,13 @@ def misses_training(decision: DecisionRow, window_seconds: float) -> bool:
 
 
 def latest_checkpoint(sessions: SessionFactory, *, with_blob: bool = True) -> CheckpointRow | None:
-    """The newest durable checkpoint that is not quarantined."""
+    """The newest durable checkpoint that is promoted (`rofu.service.db.gate_status`) and
+    not quarantined: the one replicas serve unpinned, and the trainer continues."""
 
     def work(session: Session) -> CheckpointRow | None:
         query = (
             select(CheckpointRow)
-            .where(CheckpointRow.quarantined_at.is_(None))
+            .where(CheckpointRow.quarantined_at.is_(None), CheckpointRow.gate_status == PROMOTED)
             .order_by(CheckpointRow.version.desc())
             .limit(1)
         )

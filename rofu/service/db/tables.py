@@ -37,6 +37,10 @@ class UtcDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+#: The gate statuses of a checkpoint (`CheckpointRow.gate_status`).
+CANDIDATE, PROMOTED, REJECTED = "candidate", "promoted", "rejected"
+
+
 def utcnow() -> datetime:
     """The current time, timezone-aware UTC."""
     return datetime.now(UTC)
@@ -168,6 +172,10 @@ class CheckpointRow(Base):
     # Set once its stored bytes were found damaged: never loaded, served or pinned again.
     quarantined_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
     quarantine_reason: Mapped[str | None] = mapped_column(String(1024), default=None)
+    # The evaluation gate (0008, rofu.service.lifecycle.gate): `candidate` (not served yet),
+    # `promoted` (servable) or `rejected`; `gate` holds the figures of the decision.
+    gate_status: Mapped[str] = mapped_column(String(16), default=PROMOTED, server_default=PROMOTED)
+    gate: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
 
 class ModelPinRow(Base):

@@ -17,7 +17,7 @@ from typing import Any
 from rofu.models.checkpoint import CheckpointError, checkpoint_checksum, load_checkpoint
 from rofu.service.db import quarantine, repository
 from rofu.service.db.engine import SessionFactory
-from rofu.service.db.tables import CheckpointRow
+from rofu.service.db.tables import PROMOTED, CheckpointRow
 from rofu.service.metrics import ServiceMetrics
 
 log = logging.getLogger("rofu.checkpoints")
@@ -66,6 +66,8 @@ class CheckpointStore:
         newest: int | None = None,
         parent: int | None = None,
         unrewarded: list[str] | None = None,
+        status: str = PROMOTED,
+        gate: dict[str, Any] | None = None,
     ) -> CheckpointRow:
         """Write the blob, then commit its row and claim the consumed decisions together
         (`repository.commit_checkpoint`, which checks `newest` and `parent`, and flags
@@ -73,7 +75,8 @@ class CheckpointStore:
 
         File names carry the checksum, so nothing is ever overwritten: a crash (or a
         second trainer losing its claim) leaves at most an orphan file, and the decisions
-        stay unconsumed.
+        stay unconsumed. `status` and `gate`: its evaluation gate state and figures
+        (`rofu.service.db.gate_status`); a candidate is not served until promoted.
 
         Raises:
             ClaimLost: another trainer consumed a decision or stored a checkpoint first.
@@ -88,6 +91,8 @@ class CheckpointStore:
             metrics=_json_safe(metrics),
             rows_trained=rows_trained,
             n_total=n_total,
+            gate_status=status,
+            gate=gate,
         )
         repository.commit_checkpoint(
             self._sessions,
@@ -166,8 +171,8 @@ class CheckpointStore:
         return True
 
     def latest(self) -> tuple[CheckpointRow, bytes] | None:
-        """The newest valid checkpoint and its bytes; damaged ones on the way are
-        quarantined and skipped.
+        """The newest valid promoted checkpoint (served unpinned) and its bytes; damaged
+        ones on the way are quarantined and skipped.
 
         Raises:
             CheckpointError: the newest unquarantined checkpoint cannot be read.

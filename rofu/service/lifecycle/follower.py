@@ -1,11 +1,13 @@
-"""Checkpoint following: serve the pinned version, else the newest one, verified first.
+"""Checkpoint following: serve the pinned version, else the newest promoted one (the
+evaluation gate's, `rofu.service.db.gate_status`), verified first.
 
-The pin and the newest version live in the database, quarantined versions aside: a Redis
-pointer ahead of it is ignored. A version's bytes come from the caller's hint, then
+The pin and the newest promoted version live in the database, quarantined versions
+aside: a Redis pointer ahead of it is ignored. A version's bytes come from the caller's hint, then
 Redis, then the durable store, each read only when the ones before it are missing or
 refused, and a hint's or Redis's only when they are the bytes the database records
 (`rofu.service.lifecycle.copies`); damaged stored bytes are quarantined
-(`CheckpointStore.blob`). Without a pin the served version never goes back.
+(`CheckpointStore.blob`). Without a pin the served version never goes back, unless an
+operator rejected it (`rofu reject`).
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ import redis
 import torch
 
 from rofu.models import CheckpointError, RewardNetConfig
-from rofu.service.db import quarantine, repository
+from rofu.service.db import repository
 from rofu.service.db.engine import SessionFactory
-from rofu.service.db.tables import CheckpointRow
+from rofu.service.db.tables import PROMOTED, REJECTED, CheckpointRow
 from rofu.service.deciding.snapshot import Snapshot, SnapshotHolder
-from rofu.service.lifecycle import pinning
+from rofu.service.lifecycle import gate_admin, pinning
 from rofu.service.lifecycle.checkpoint_store import CheckpointStore
 from rofu.service.lifecycle.copies import CheckpointCopies, Copy, Hint
 from rofu.service.lifecycle.redis_bus import RedisBus
@@ -93,7 +95,8 @@ class CheckpointFollower:
                 for row in repository.list_checkpoints(
                     self._sessions, FALLBACK_DEPTH, before=tried
                 ):
-                    if row.quarantined_at is None and self._serve(row):
+                    servable = row.quarantined_at is None and row.gate_status == PROMOTED
+                    if servable and self._serve(row):
                         break
         if self._holder.current is None:
             newest = repository.latest_checkpoint(self._sessions, with_blob=False)
@@ -114,10 +117,21 @@ class CheckpointFollower:
             current = self._holder.current
             if current is not None and current.version == row.version:
                 return row.version
-            if pinned is None and current is not None and current.version > row.version:
-                return row.version  # the newer one served was quarantined since: keep it
-            self._serve(row, hint, only_newer=pinned is None)
+            back = pinned is not None
+            if not back and current is not None and current.version > row.version:
+                if not self._rejected(current):
+                    return row.version  # the newer one served was quarantined since: keep it
+                back = True  # an operator rejected it: the newest promoted one, older
+            self._serve(row, hint, only_newer=not back)
             return row.version
+
+    def _rejected(self, current: Snapshot | None) -> bool:
+        """Whether the served checkpoint was rejected since (by an operator): then the
+        newest promoted one is served, older or not."""
+        if current is None:
+            return False
+        row = repository.get_checkpoint(self._sessions, current.version, with_blob=False)
+        return row is not None and row.gate_status == REJECTED
 
     def _stored(self, version: int) -> CheckpointRow | None:
         """Stored checkpoint `version`'s row (blob not loaded) unless it is quarantined."""
@@ -125,13 +139,14 @@ class CheckpointFollower:
         return None if row is None or row.quarantined_at is not None else row
 
     def _newest(self) -> CheckpointRow | None:
-        """The newest unquarantined row; a Redis pointer ahead of it names a version the
-        database does not hold (forged, or another database's), reported and ignored."""
+        """The newest unquarantined promoted row; a Redis pointer ahead of it names a
+        version the database does not hold (forged, or another database's), reported and
+        ignored, or one quarantined or rejected since, ignored."""
         pointer = self._pointer()  # read first: the trainer moves it only after its commit
         row = repository.latest_checkpoint(self._sessions, with_blob=False)
         if pointer is None or (row is not None and pointer <= row.version):
             return row
-        if not quarantine.is_quarantined(self._sessions, pointer):
+        if repository.get_checkpoint(self._sessions, pointer, with_blob=False) is None:
             self._copies.report(
                 f"pointer:{pointer}",
                 "unrecorded",
@@ -196,6 +211,13 @@ class CheckpointFollower:
             hash_seed=self._hash_seed,
         )
 
+    def decide(self, version: int, status: str, reason: str | None = None) -> CheckpointRow:
+        """Promote or reject stored checkpoint `version` by hand, on every replica (see
+        `rofu.service.lifecycle.gate_admin.decide`); this one follows at once."""
+        row = gate_admin.decide(self._sessions, version, status, reason, self._redis)
+        self.sync()
+        return row
+
     def unpin(self) -> None:
-        """Serve the newest checkpoint again, on every replica."""
+        """Serve the newest promoted checkpoint again, on every replica."""
         pinning.unpin(self._sessions, self._redis)

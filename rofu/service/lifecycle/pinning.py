@@ -14,6 +14,7 @@ import redis
 from rofu.models import CheckpointError, RewardNetConfig
 from rofu.service.db import repository
 from rofu.service.db.engine import SessionFactory
+from rofu.service.db.tables import PROMOTED
 from rofu.service.deciding.snapshot import load_served
 from rofu.service.errors import Conflict, NotFound
 from rofu.service.lifecycle.checkpoint_store import CheckpointStore
@@ -35,7 +36,8 @@ def pin(
 
     Raises:
         NotFound: no stored checkpoint has that version.
-        Conflict: the stored checkpoint is quarantined, cannot be read or fails
+        Conflict: the stored checkpoint is not promoted (a candidate, or rejected by the
+            evaluation gate), is quarantined, cannot be read or fails
             verification, of another network or feature hash seed (it would be refused).
     """
     try:
@@ -44,6 +46,12 @@ def pin(
         raise Conflict(f"checkpoint {version} cannot be pinned: {exc}", field="version") from exc
     if stored is None:
         raise NotFound(f"no checkpoint with version {version}", field="version")
+    if stored[0].gate_status != PROMOTED:  # only what the gate (or an operator) let through
+        raise Conflict(
+            f"checkpoint {version} is {stored[0].gate_status}, not promoted: promote it first "
+            f"(rofu promote {version})",
+            field="version",
+        )
     try:
         load_served(stored[1], expect, hash_seed=hash_seed)
     except CheckpointError as exc:
@@ -53,7 +61,7 @@ def pin(
 
 
 def unpin(sessions: SessionFactory, bus: RedisBus | None = None) -> None:
-    """Serve the newest checkpoint again."""
+    """Serve the newest promoted checkpoint again."""
     repository.set_pin(sessions, None)
     _announce(bus)
 

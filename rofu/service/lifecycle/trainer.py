@@ -2,13 +2,16 @@
 
 Each run, under the trainer lock (`rofu.service.db.trainer_lock`), reads the decisions whose
 reward window has closed and that no checkpoint has consumed yet, refits theta_t from the
-newest valid checkpoint (damaged ones are quarantined on the way) on its data sample plus
-the new rows, stores the new checkpoint durably in one transaction with the claim on the
-consumed decisions, then publishes it. The claim fails, storing nothing, if another
-trainer consumed one of the rows or stored a checkpoint since the run read them. A run
-with nothing to train on claims its rows and stores no version. A run takes the preset's
-optimizer steps per new row (`Settings.fit_config`), and with `fit_persist` continues its
-optimizer while it continues the checkpoint it published last.
+newest valid promoted checkpoint (damaged ones are quarantined on the way) on its data
+sample plus the new rows, stores the new checkpoint durably in one transaction with the
+claim on the consumed decisions, then publishes it; with the evaluation gate on, it stores
+it as a candidate instead, and a later run publishes it only if it passes
+(`rofu.service.lifecycle.gate`), deciding a pending candidate before it trains anything.
+The claim fails, storing nothing, if another trainer consumed one of the rows or stored a
+checkpoint since the run read them. A run with nothing to train on claims its rows and
+stores no version. A run takes the preset's optimizer steps per new row
+(`Settings.fit_config`), and with `fit_persist` continues its optimizer while it
+continues the checkpoint it published last.
 
 Reward-window rule: a decision is consumed once `reward_window_seconds` have passed since
 it was made. If its reward arrived within the window it is trained on; if not, it is
@@ -58,6 +61,7 @@ from rofu.service.lifecycle.continuation import (
     continued_network,
     refit_family,
 )
+from rofu.service.lifecycle.gate import Gate
 from rofu.service.metrics import ServiceMetrics
 from rofu.service.settings import Settings
 
@@ -81,6 +85,7 @@ class TrainReport:
     seconds: float
     expired: int = 0  # deferred decisions never activated in time: consumed, not trained on
     ascent_rho: float | None = None  # the checkpoint's rho (rofu.models.rofu_stability)
+    status: str = "promoted"  # the evaluation gate's: candidate when it awaits it
 
 
 @dataclass(frozen=True)
@@ -90,7 +95,7 @@ class _Run:
     rows: list[repository.TrainingRow]
     trained: list[tuple[repository.TrainingRow, float]]  # (row, target) of those trained on
     newest: int  # the newest version stored, quarantined or not (0: none)
-    parent: int  # the newest valid checkpoint, which the run continues (0: none)
+    parent: int  # the newest valid promoted checkpoint, which the run continues (0: none)
     started: float  # time.perf_counter()
     inactive: tuple[str, ...] = ()  # deferred decisions read before any activation in time
 
@@ -129,11 +134,12 @@ class Trainer:
         self._kept: KeptNetwork | None = None  # the optimizer fit_persist carries over
         self._kept_family: KeptFamily | None = None  # the learner family, likewise
         self._waiting = False  # another trainer held the lock at the last try
+        self._gate = Gate(settings, sessions, store, bus, metrics, clock)
 
     def run_once(self) -> TrainReport | None:
         """One run under the trainer lock; None when no decision's window has closed since
-        the last, when another trainer holds the lock, or when another trainer claimed
-        the rows first (then nothing was stored)."""
+        the last, when another trainer holds the lock, when another trainer claimed
+        the rows first (then nothing was stored), or while a candidate awaits the gate."""
         with self._lock.hold() as held:
             if not held:
                 if not self._waiting:
@@ -152,6 +158,8 @@ class Trainer:
                 return None
 
     def _run(self, started: float) -> TrainReport | None:
+        if not self._gate.settle():  # a candidate awaits the gate: its rows stay unconsumed
+            return None
         window = timedelta(seconds=self.settings.reward_window_seconds)
         rows = repository.closed_decisions(self._sessions, self._clock() - window, MAX_ROWS_PER_RUN)
         if not rows:
@@ -159,7 +167,7 @@ class Trainer:
         inactive = tuple(row.event_id for row in rows if not row.active)
         rows = [row for row in rows if row.active]
         newest = quarantine.newest_version(self._sessions)
-        latest = self._store.latest()  # the newest valid one; damaged ones are quarantined
+        latest = self._store.latest()  # the newest valid promoted one; damaged: quarantined
         previous = None
         if latest is not None:
             previous = load_served(
@@ -288,6 +296,7 @@ class Trainer:
                 f"checkpoint {run.version} is {len(blob)} bytes, over the limit of {limit} "
                 "replicas read (ROFU_MAX_CHECKPOINT_BYTES); not stored"
             )
+        status, figures = self._gate.initial(run.parent)
         self._store.save(
             run.version,
             blob,
@@ -298,29 +307,17 @@ class Trainer:
             newest=run.newest,
             parent=run.parent,
             unrewarded=run.unrewarded,
+            status=status,
+            gate=figures,
         )
-        self._announce(run.version, blob)
+        self._gate.stored(run.version, blob, status)
         report = self._report(run.version, run, metrics["loss"], self._expire(run, run.version))
-        report = dataclasses.replace(report, ascent_rho=metrics["ascent_rho"])
+        report = dataclasses.replace(report, ascent_rho=metrics["ascent_rho"], status=status)
         self._record(report)
         if family is not None and self._metrics is not None:
             losses = {c.name: family.losses[c.name].variance for c in family.candidates}
             self._metrics.record_learners(losses, family.served)
         return report
-
-    def _announce(self, version: int, blob: bytes) -> None:
-        """Publish a stored checkpoint; a failure is counted, not fatal (it is durable)."""
-        try:
-            self._bus.publish(version, blob)
-        except Exception as exc:  # e.g. Redis down: a line per run, no traceback
-            log.warning(
-                "publishing checkpoint %s failed (%s: %s); replicas will poll for it",
-                version,
-                type(exc).__name__,
-                exc,
-            )
-            if self._metrics is not None:
-                self._metrics.trainer_publish_failures.inc()
 
     def _consume_untrained(self, run: _Run) -> TrainReport:
         """Claim rows that give nothing to train on (no reward, no default) for the parent:
@@ -385,6 +382,7 @@ class Trainer:
             m.trainer_ascent_rho.set(report.ascent_rho)
         if report.loss is not None:
             m.trainer_loss.set(report.loss)
+        if report.loss is not None and report.status == "promoted":
             m.trainer_published.inc()
 
     def _skipped(self, reason: str) -> None:

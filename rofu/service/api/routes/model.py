@@ -16,6 +16,7 @@ from rofu.service.api.deps import ClientAuth, SessionsDep, SettingsDep, Snapshot
 from rofu.service.api.routes import API_PREFIX
 from rofu.service.api.schemas import error_responses
 from rofu.service.db import repository
+from rofu.service.db.tables import CheckpointRow
 from rofu.service.settings import Settings
 
 MAX_PAGE = 500
@@ -76,23 +77,28 @@ async def checkpoints(
         Query(ge=1, le=2**31 - 1, description="only versions below this one (the next page)"),
     ] = None,
 ) -> list[CheckpointInfo]:
-    """Stored checkpoints, newest first, one page at a time: when older ones exist, the
-    `Link` header names the next page (`rel="next"`, RFC 8288)."""
+    """Stored checkpoints, newest first, with their evaluation-gate status and figures, one
+    page at a time: when older ones exist, the `Link` header names the next page
+    (`rel="next"`, RFC 8288)."""
     rows = await run_in_threadpool(repository.list_checkpoints, sessions, limit + 1, before)
     if len(rows) > limit:
         rows = rows[:limit]
         response.headers["Link"] = (
             f'<{request.url.path}?limit={limit}&before={rows[-1].version}>; rel="next"'
         )
-    return [
-        CheckpointInfo(
-            version=row.version,
-            created_at=row.created_at,
-            checksum=row.checksum,
-            size_bytes=row.size_bytes,
-            rows_trained=row.rows_trained,
-            n_total=row.n_total,
-            metrics={k: float(v) for k, v in row.metrics.items()},
-        )
-        for row in rows
-    ]
+    return [checkpoint_info(row) for row in rows]
+
+
+def checkpoint_info(row: CheckpointRow) -> CheckpointInfo:
+    """A stored checkpoint's row as the API shows it."""
+    return CheckpointInfo(
+        version=row.version,
+        created_at=row.created_at,
+        checksum=row.checksum,
+        size_bytes=row.size_bytes,
+        rows_trained=row.rows_trained,
+        n_total=row.n_total,
+        metrics={k: float(v) for k, v in row.metrics.items()},
+        gate_status=row.gate_status,  # type: ignore[arg-type]  # the column's three values
+        gate=row.gate,
+    )
