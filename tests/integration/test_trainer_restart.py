@@ -41,6 +41,7 @@ def _trainer_env(settings: Settings, **extra: str) -> dict[str, str]:
     return {
         **os.environ,
         "ROFU_MODE": "production",
+        "ROFU_GATE": "off",  # each checkpoint served once stored (test_gate_pg.py: the gate)
         "ROFU_DATABASE_URL": settings.database_url,
         "ROFU_REDIS_URL": settings.redis_url or "",
         "ROFU_REDIS_PREFIX": settings.redis_prefix,

@@ -134,14 +134,14 @@ class Gate:
         settings: Settings,
         sessions: SessionFactory,
         store: CheckpointStore,
-        bus: CheckpointBus,
+        publish: Callable[[int, bytes], None],
         metrics: ServiceMetrics | None,
         clock: Callable[[], datetime],
     ) -> None:
         self.settings = settings
         self._sessions = sessions
         self._store = store
-        self._bus = bus
+        self._publish = publish  # the trainer's bus, read at each call (`announce`)
         self._metrics = metrics
         self._clock = clock
 
@@ -156,7 +156,7 @@ class Gate:
     def stored(self, version: int, blob: bytes, status: str) -> None:
         """After a checkpoint is stored: publish it if promoted, else await the gate."""
         if status == PROMOTED:
-            announce(self._bus, self._metrics, version, blob)
+            self._publish(version, blob)
             return
         log.info(
             "checkpoint %s stored as a candidate: not served until the gate judges it on %s "
@@ -211,7 +211,7 @@ class Gate:
             log.warning("promoted checkpoint %s not published: %s", row.version, exc)
             return
         if stored is not None:
-            announce(self._bus, self._metrics, row.version, stored[1])
+            self._publish(row.version, stored[1])
 
     def _pending(self, version: int) -> None:
         if self._metrics is not None:

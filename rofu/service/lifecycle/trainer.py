@@ -61,7 +61,7 @@ from rofu.service.lifecycle.continuation import (
     continued_network,
     refit_family,
 )
-from rofu.service.lifecycle.gate import Gate
+from rofu.service.lifecycle.gate import Gate, announce
 from rofu.service.metrics import ServiceMetrics
 from rofu.service.settings import Settings
 
@@ -134,7 +134,7 @@ class Trainer:
         self._kept: KeptNetwork | None = None  # the optimizer fit_persist carries over
         self._kept_family: KeptFamily | None = None  # the learner family, likewise
         self._waiting = False  # another trainer held the lock at the last try
-        self._gate = Gate(settings, sessions, store, bus, metrics, clock)
+        self._gate = Gate(settings, sessions, store, self._announce, metrics, clock)
 
     def run_once(self) -> TrainReport | None:
         """One run under the trainer lock; None when no decision's window has closed since
@@ -318,6 +318,9 @@ class Trainer:
             losses = {c.name: family.losses[c.name].variance for c in family.candidates}
             self._metrics.record_learners(losses, family.served)
         return report
+
+    def _announce(self, version: int, blob: bytes) -> None:
+        announce(self._bus, self._metrics, version, blob)
 
     def _consume_untrained(self, run: _Run) -> TrainReport:
         """Claim rows that give nothing to train on (no reward, no default) for the parent:
