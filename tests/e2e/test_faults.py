@@ -85,6 +85,7 @@ def service_env(database_url: str, redis_url: str, **extra: str) -> dict[str, st
     """Production settings for the API and the trainer: small network, fast schedule."""
     env = {
         "ROFU_MODE": "production",
+        "ROFU_GATE": "off",  # each checkpoint served once stored (test_gate_pg.py: the gate)
         "ROFU_DATABASE_URL": database_url,
         "ROFU_REDIS_URL": redis_url,
         "ROFU_REDIS_PREFIX": f"faults-{uuid.uuid4().hex[:8]}",

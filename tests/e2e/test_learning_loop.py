@@ -49,6 +49,7 @@ class LinearProblem:
 def _env(database_url: str, redis_url: str, prefix: str) -> dict[str, str]:
     return {
         "ROFU_MODE": "production",
+        "ROFU_GATE": "off",  # each checkpoint served once stored (test_gate_pg.py: the gate)
         "ROFU_DATABASE_URL": database_url,
         "ROFU_REDIS_URL": redis_url,
         "ROFU_REDIS_PREFIX": prefix,
