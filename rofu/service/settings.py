@@ -36,6 +36,7 @@ from rofu.service.preset_settings import (
     family_learners,
     preset_settings,
 )
+from rofu.service.settings_checks import check_consistent
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
@@ -252,32 +253,6 @@ class Settings(ModelSettings):
             raise ValueError("redis_url must start with redis:// or rediss://")
         return value
 
-    @model_validator(mode="after")
-    def _consistent(self) -> Settings:
-        ids = [arm.id for arm in self.arms]
-        if len(set(ids)) != len(ids):
-            raise ValueError("arms: arm ids must be unique")
-        if len(ids) > self.max_arms:
-            raise ValueError(f"arms: {len(ids)} arms exceed max_arms={self.max_arms}")
-        for arm in self.arms:
-            width = len(arm.features) if arm.features is not None else 0
-            if width != self.arm_feature_dim:
-                raise ValueError(
-                    f"arms: arm {arm.id!r} has {width} features, arm_feature_dim is "
-                    f"{self.arm_feature_dim}"
-                )
-        if self.holdout_share > 0 and self.learning_mode == "apprentice":
-            raise ValueError(
-                "holdout_share: apprentice mode serves the baseline to everyone, so a "
-                "holdout compares nothing; set it to 0 or use learning_mode=online"
-            )
-        if self.mode == "production":
-            if self.database_url.startswith("sqlite"):
-                raise ValueError("production mode needs a Postgres database_url, not SQLite")
-            if self.redis_url is None:
-                raise ValueError("production mode needs redis_url (the checkpoint bus)")
-        return self
-
     @property
     def docs_access(self) -> Literal["open", "key", "off"]:
         """Who may read the API's documentation (`docs`, with `auto` resolved)."""
@@ -285,29 +260,14 @@ class Settings(ModelSettings):
             return "key" if self.mode == "production" else "open"
         return self.docs
 
-    @model_validator(mode="after")
-    def _lock_within_statement(self) -> Settings:
-        if self.db_lock_timeout_ms > self.db_statement_timeout_ms:
-            raise ValueError(
-                f"db_lock_timeout_ms ({self.db_lock_timeout_ms}) exceeds "
-                f"db_statement_timeout_ms ({self.db_statement_timeout_ms}): the statement "
-                "would be cancelled before its lock wait ends"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _gate_window(self) -> Settings:
-        if self.gate_window < self.gate_min_rows:
-            raise ValueError(f"gate_window is below gate_min_rows ({self.gate_min_rows})")
-        return self
-
     @property
     def gate_on(self) -> bool:
         """Whether new checkpoints pass the evaluation gate (`gate`, `auto` resolved)."""
         return self.gate == "on" or (self.gate == "auto" and self.mode == "production")
 
     @model_validator(mode="after")
-    def _composes(self) -> Settings:
+    def _consistent(self) -> Settings:
+        check_consistent(self)  # settings that must agree with each other
         self.rofu_config()  # what only the whole config checks (a closed form's l2 > 0)
         return self
 

@@ -216,10 +216,8 @@ class Trainer:
     def _target(self, row: repository.TrainingRow) -> float | None:
         """The training target, or None to exclude the row (a holdout's; no reward and no
         default; values beyond the configured bounds, e.g. logged before a bound was lowered)."""
-        if row.held_out:
-            return None
         target = row.reward if row.reward is not None else self.settings.default_reward
-        if target is None or abs(target) > self.settings.max_abs_reward:
+        if row.held_out or target is None or abs(target) > self.settings.max_abs_reward:
             return None
         own = row.arm_features
         if own is not None and len(own) != self.settings.arm_feature_dim:
