@@ -105,7 +105,8 @@ def judge(
         rewarded = read_service_log(sessions, window, settings.default_reward)
     except EvaluationError:
         return 0  # no rewarded decision yet
-    index = np.flatnonzero(fresh_rows(rewarded, version, stored.created_at))
+    # the serving model's own decisions: a holdout's were served by its control
+    index = np.flatnonzero(fresh_rows(rewarded, version, stored.created_at) & ~rewarded.held_out)
     index = index[-settings.gate_window :]
     if len(index) < settings.gate_min_rows:
         return int(len(index))

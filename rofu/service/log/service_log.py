@@ -25,7 +25,7 @@ from rofu.models.checkpoint import CheckpointError
 from rofu.models.prepared import score
 from rofu.service.db.engine import SessionFactory
 from rofu.service.db.repository import database_errors
-from rofu.service.db.tables import DecisionRow
+from rofu.service.db.tables import HOLDOUT, DecisionRow
 from rofu.service.deciding.apprentice import APPRENTICE
 from rofu.service.deciding.catalogue import Catalogue, CatalogueCache
 from rofu.service.deciding.scoring import checkpoint_generator, prepare_served
@@ -70,6 +70,8 @@ class ServiceLog:
         trained_in: (N,) the version whose training consumed the decision, -1 for none.
         imported: (N,) bool, read in by `rofu import` (policy "imported"): decided by
             another system, seen by a checkpoint only if its training consumed it.
+        held_out: (N,) bool, served by a holdout's control (`rofu.service.deciding.holdout`):
+            consumed by the trainer but never trained on.
     """
 
     contexts: np.ndarray
@@ -88,6 +90,7 @@ class ServiceLog:
     decided_at: np.ndarray
     trained_in: np.ndarray
     imported: np.ndarray
+    held_out: np.ndarray
     unactivated: int = 0
     arm_features: tuple[dict[str, list[float]] | None, ...] = ()
 
@@ -205,6 +208,7 @@ def _arrays(
         decided_at=np.array([_utc_naive(r.created_at) for r in records], dtype="datetime64[us]"),
         trained_in=np.array([consumed.get(r.event_id, -1) for r in records], dtype=np.int64),
         imported=np.array([r.policy == IMPORTED for r in records], dtype=bool),
+        held_out=np.array([r.experiment == HOLDOUT for r in records], dtype=bool),
         arm_features=_own_arm_features(records),
     )
 
