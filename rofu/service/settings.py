@@ -187,8 +187,8 @@ class Settings(ModelSettings):
     # production mode) a new checkpoint is served only once its DR lower bound on the
     # rewarded decisions made after it is >= the served model's value - gate_tolerance.
     gate: Literal["auto", "on", "off"] = "auto"
-    gate_tolerance: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.02
-    gate_min_rows: Annotated[int, Field(ge=2)] = 200
+    gate_tolerance: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.05
+    gate_min_rows: Annotated[int, Field(ge=2)] = 1000
     gate_window: Annotated[int, Field(ge=2)] = 2000
 
     trainer_metrics_port: Annotated[int, Field(ge=0, le=65535)] = 9101  # 0: no endpoint

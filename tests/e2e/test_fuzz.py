@@ -443,6 +443,7 @@ UNICODE_BODIES: dict[str, dict[str, Any]] = {
         "arms": ["arm-0", "arm-1"],
         "exclude": ["arm-1"],
         "baseline_arm": "arm-0",
+        "unit_id": "user-1",
         "arm_features": {"arm-0": {"colour": "red"}},
     },
     "POST /v1/select/validate": {
@@ -451,9 +452,10 @@ UNICODE_BODIES: dict[str, dict[str, Any]] = {
         "arms": ["arm-0", "arm-1"],
         "arm_features": {"arm-0": {"colour": "red"}},
     },
-    "POST /v1/reward": {"event_id": KNOWN_EVENT, "value": 1.0},
+    "POST /v1/reward": {"event_id": KNOWN_EVENT, "value": 1.0, "metrics": {"latency_ms": 1.0}},
     "POST /v1/arms": {"id": "unicode-arm", "features": None},
     "PUT /v1/admin/pin": {"version": 1},
+    "PUT /v1/admin/checkpoints/{version}": {"status": "promoted", "reason": "checked"},
     RANK: {
         "contextFeatures": [{"timeOfDay": "Morning", "user": {"tier": "gold"}}],
         "actions": [
@@ -526,7 +528,7 @@ def test_fuzz_invalid_unicode_anywhere(server: Server) -> None:
     with httpx.Client(base_url=server.base_url, headers=admin, timeout=30) as client:
         for operation, body in UNICODE_BODIES.items():
             method, template = operation.split(" ", 1)
-            path = template.replace("{eventId}", KNOWN_EVENT)
+            path = template.replace("{eventId}", KNOWN_EVENT).replace("{version}", "1")
             for loc, is_key in _places(body):
                 for content, field in _corruptions(body, loc, is_key, rng):
                     response = client.request(method, path, content=content)

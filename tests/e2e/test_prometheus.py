@@ -4,7 +4,8 @@ The processes, on one SQLite file: the API (`rofu serve`, serving a seeded check
 the trainer (`rofu trainer`, its metrics on ROFU_TRAINER_METRICS_PORT) and a second API
 replica started with a different network shape, which refuses every checkpoint, serves
 model 0 and answers /readyz with 503 (a real 5xx, so the error-rate series exist). The
-API explores with a floor (ROFU_EXPLORATION_FLOOR), so its decisions are randomised over
+API explores with a floor (ROFU_EXPLORATION_FLOOR) and holds out 30% of its decisions
+(ROFU_HOLDOUT_SHARE, policy `holdout`); its decisions are randomised over
 every candidate and feed the uniform baseline's IPS counters, and some choose an arm below
 the best mean (policy `explore`) while others choose the best (`exploit`). A
 Prometheus server of the test's own scrapes them every second under the job names of
@@ -38,6 +39,7 @@ import httpx
 import pytest
 import yaml
 
+from rofu.service.deciding.holdout import in_holdout
 from rofu.service.settings import Settings
 from tests.support import (
     ROOT,
@@ -55,6 +57,7 @@ GRAFANA_VARIABLES = {"__rate_interval": "1m", "__interval": "15s", "__range": "1
 CONTEXT_DIM = 4
 REWARDS = (1.0, 0.0, -0.5)  # reward of decision i of a round: REWARDS[i % 3]
 ROUND_REWARDS = 30  # decisions 0-29 of each round's 40 get a reward
+HOLDOUT_SHARE = 0.3
 DEADLINE_S = 45  # for each wait below; the whole module takes about 30 s
 
 
@@ -260,6 +263,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "ROFU_CHECKPOINT_POLL_SECONDS": "1",
         "ROFU_HOST": "127.0.0.1",
         "ROFU_EXPLORATION_FLOOR": "0.3",
+        "ROFU_HOLDOUT_SHARE": str(HOLDOUT_SHARE),  # the holdout panel's series
         # a learner family of two candidates of the same network, so the learner panel's
         # series exist and the canary's other network still refuses every checkpoint
         "ROFU_LEARNERS": '["mlp", "sgd-decay"]',
@@ -496,8 +500,13 @@ def test_prometheus_business_metrics_add_up(stack: Stack) -> None:
 
     rounds, late = 2, 1.0
     posted = [REWARDS[i % 3] for i in range(ROUND_REWARDS)] * rounds + [late]
-    # explore: false for decisions 7, 15, 23 of each round: argmax, not randomised
-    randomised = (ROUND_REWARDS - 3) * rounds + 1  # and the late one, r1-35
+    # explore: false for decisions 7, 15, 23 of each round: argmax, not randomised, unless
+    # held out (the holdout's uniform control); and the late one, r1-35
+    rewarded = [f"r{n}-{i}" for n in range(1, rounds + 1) for i in range(ROUND_REWARDS)]
+    randomised = sum(
+        int(e.split("-")[1]) % 8 != 7 or in_holdout(HOLDOUT_SHARE, "holdout", e)
+        for e in [*rewarded, "r1-35"]
+    )
     api = 'job="rofu-api"'
     expected = {
         f"sum(rofu_rewarded_decisions_total{{{api}}})": len(posted),
@@ -510,7 +519,11 @@ def test_prometheus_business_metrics_add_up(stack: Stack) -> None:
         _wait(f"{expr} == {number}", lambda e=expr, n=number: abs(value(e) - n) < 1e-9, [])
     policies = 'sum by (policy) (rofu_selections_total{job="rofu-api"})'
     found = {s["metric"]["policy"] for s in prometheus.query(policies)["data"]["result"]}
-    assert {"explore", "exploit"} <= found <= {"explore", "exploit", "cold-start", "apprentice"}
+    assert (
+        {"explore", "exploit", "holdout"}
+        <= found
+        <= {*("explore", "exploit", "cold-start", "apprentice", "holdout")}
+    )
 
 
 def test_prometheus_condition_operands() -> None:

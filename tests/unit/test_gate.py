@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
@@ -15,7 +16,7 @@ from rofu.service.errors import Conflict, NotFound
 from rofu.service.lifecycle import gate_admin, pinning
 from rofu.service.lifecycle.checkpoint_store import CheckpointStore
 from rofu.service.lifecycle.gate import Judgment
-from rofu.service.log.off_policy import Interval
+from rofu.service.log.off_policy import Interval, bootstrap_interval, mean_interval
 from rofu.service.settings import Settings
 from tests.support import app_client, seed_checkpoint
 
@@ -124,3 +125,21 @@ async def test_gate_admin_route_rejects_the_served_checkpoint_and_the_replica_go
         (1, "promoted"),
     ]
     assert again.json()["serving"] == 2
+
+
+def test_gate_bootstrap_interval_matches_the_normal_one_on_symmetric_terms_and_follows_skew() -> (
+    None
+):
+    rng = np.random.default_rng(3)
+    normal = rng.normal(1.0, 0.5, 2000)
+    boot, plain = bootstrap_interval(normal, seed=1), mean_interval(normal)
+    assert boot.value == plain.value
+    assert boot.low == pytest.approx(plain.low, abs=0.004)
+    assert boot.high == pytest.approx(plain.high, abs=0.004)
+    assert bootstrap_interval(normal, seed=1) == boot  # the same resamples from the seed
+    # a few rows with large importance weights: a long right tail
+    skewed = np.where(rng.random(2000) < 0.01, 40.0, 0.0)
+    boot, plain = bootstrap_interval(skewed, seed=1), mean_interval(skewed)
+    assert boot.low > plain.low  # the mean's sampling distribution is skewed right
+    assert boot.high - boot.value > boot.value - boot.low
+    assert np.isnan(bootstrap_interval(np.array([1.0])).low)

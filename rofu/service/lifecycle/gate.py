@@ -115,7 +115,7 @@ def judge(
     scores = score_checkpoint(settings, stored, rows, config)
     probabilities = rule_probabilities(scores, rows, config.rule)
     q = ridge_rewards(rows, seed=settings.seed)
-    candidate = dr_value(probabilities, rows, q)
+    candidate = dr_value(probabilities, rows, q, seed=settings.seed + version)
     return Judgment(candidate, mean_interval(rows.rewards), settings.gate_tolerance)
 
 

@@ -11,8 +11,8 @@ consumed it: no rofu model decided it, so the only way a checkpoint can have see
 reward is through a training run that consumed it, which `trained_in` records. This is
 what lets `rofu train --from-log --holdout` evaluate the checkpoint it makes on the
 imported rows it left out. A holdout's decision (`rofu.service.deciding.holdout`) is
-consumed by the trainer and never fitted, so it is fresh for every checkpoint stored
-before it was decided.
+consumed by a training run but never fitted: it is fresh as any other row, and never
+counted among the rows a checkpoint saw.
 `rofu evaluate` scores each checkpoint's policies on its fresh rows unless told to use
 every row (`--include-training-rows`), and then counts the rows the checkpoint saw.
 """
@@ -29,12 +29,10 @@ from rofu.service.log.service_log import ServiceLog
 
 def fresh_rows(log: ServiceLog, version: int, created_at: datetime) -> np.ndarray:
     """(N,) bool: the rows decided after checkpoint `version` was stored at `created_at`,
-    or imported, and consumed by no training of it or an earlier version (a holdout's row
-    decided after it is fresh however consumed: no training fits one)."""
+    or imported, and consumed by no training of it or an earlier version."""
     stored = np.datetime64(created_at.astimezone(UTC).replace(tzinfo=None), "us")
     unconsumed = (log.trained_in < 0) | (log.trained_in > version)
-    after = (log.decided_at > stored) & (unconsumed | log.held_out)
-    fresh: np.ndarray = after | (log.imported & unconsumed)
+    fresh: np.ndarray = ((log.decided_at > stored) | log.imported) & unconsumed
     return fresh
 
 
