@@ -15,11 +15,16 @@ import faulthandler
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rofu.service.settings import get_settings
+from rofu.service.settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    from rofu.service.db.engine import SessionFactory
+    from rofu.service.lifecycle.redis_bus import RedisBus
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -102,39 +107,54 @@ def _trainer(args: argparse.Namespace) -> int:
     return run_trainer(get_settings(), once=args.once)
 
 
-def _pin(args: argparse.Namespace) -> int:
-    from rofu.service.db import repository
+@contextlib.contextmanager
+def _operator(command: str) -> Iterator[tuple[Settings, SessionFactory, RedisBus | None]]:
+    """The settings, database and bus an operator command works on, closed afterwards; a
+    `ServiceError` it raises is its one-line message and exit status 1 (`OperatorError`)."""
     from rofu.service.db.engine import make_engine, session_factory
     from rofu.service.errors import ServiceError
-    from rofu.service.lifecycle import pinning
-    from rofu.service.lifecycle.checkpoint_store import CheckpointStore
     from rofu.service.lifecycle.redis_bus import RedisBus
 
     settings = get_settings()
     engine = make_engine(settings.database_url)
-    sessions = session_factory(engine)
     bus = None if settings.redis_url is None else RedisBus.of(settings)
     try:
-        if args.command == "unpin":
-            pinning.unpin(sessions, bus)
-        elif args.version is not None:
-            store = CheckpointStore(sessions, settings.checkpoint_dir)
-            pinning.pin(
-                sessions,
-                store,
-                settings.served_net_configs(),
-                args.version,
-                bus,
-                hash_seed=settings.feature_hash_seed,
-            )
-        pinned = repository.get_pin(sessions)
+        yield settings, session_factory(engine), bus
     except ServiceError as exc:
-        print(f"rofu {args.command}: {exc.message}", file=sys.stderr)
-        return 1
+        raise OperatorError(f"rofu {command}: {exc.message}") from exc
     finally:
         engine.dispose()
         if bus is not None:
             bus.close()
+
+
+class OperatorError(Exception):
+    """An operator command refused: its one line for stderr."""
+
+
+def _pin(args: argparse.Namespace) -> int:
+    from rofu.service.db import repository
+    from rofu.service.lifecycle import pinning
+    from rofu.service.lifecycle.checkpoint_store import CheckpointStore
+
+    try:
+        with _operator(args.command) as (settings, sessions, bus):
+            if args.command == "unpin":
+                pinning.unpin(sessions, bus)
+            elif args.version is not None:
+                store = CheckpointStore(sessions, settings.checkpoint_dir)
+                pinning.pin(
+                    sessions,
+                    store,
+                    settings.served_net_configs(),
+                    args.version,
+                    bus,
+                    hash_seed=settings.feature_hash_seed,
+                )
+            pinned = repository.get_pin(sessions)
+    except OperatorError as exc:
+        print(exc, file=sys.stderr)
+        return 1
     print(
         f"pinned: {pinned}" if pinned is not None else "not pinned: the newest checkpoint is served"
     )
@@ -144,27 +164,17 @@ def _pin(args: argparse.Namespace) -> int:
 def _decide(args: argparse.Namespace) -> int:
     """`rofu promote` / `rofu reject`: the evaluation gate's decision by hand."""
     from rofu.service.db import repository
-    from rofu.service.db.engine import make_engine, session_factory
-    from rofu.service.errors import ServiceError
     from rofu.service.lifecycle import gate_admin
-    from rofu.service.lifecycle.redis_bus import RedisBus
 
-    settings = get_settings()
-    engine = make_engine(settings.database_url)
-    sessions = session_factory(engine)
-    bus = None if settings.redis_url is None else RedisBus.of(settings)
     status = "promoted" if args.command == "promote" else "rejected"
     try:
-        row = gate_admin.decide(sessions, args.version, status, args.reason, bus)
-        newest = repository.latest_checkpoint(sessions, with_blob=False)
-        pinned = repository.get_pin(sessions)
-    except ServiceError as exc:
-        print(f"rofu {args.command}: {exc.message}", file=sys.stderr)
+        with _operator(args.command) as (_, sessions, bus):
+            row = gate_admin.decide(sessions, args.version, status, args.reason, bus)
+            newest = repository.latest_checkpoint(sessions, with_blob=False)
+            pinned = repository.get_pin(sessions)
+    except OperatorError as exc:
+        print(exc, file=sys.stderr)
         return 1
-    finally:
-        engine.dispose()
-        if bus is not None:
-            bus.close()
     served = pinned if pinned is not None else (None if newest is None else newest.version)
     print(f"checkpoint {row.version}: {row.gate_status}; served: {served or 'none'}")
     return 0
