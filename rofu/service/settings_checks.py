@@ -3,13 +3,48 @@ each field): each failure is one line naming the setting at fault."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from rofu.service.settings import Settings
+from collections.abc import Sequence
+from typing import Protocol
 
 
-def check_consistent(settings: Settings) -> None:
+class _Arm(Protocol):
+    @property
+    def id(self) -> str: ...
+    @property
+    def features(self) -> Sequence[float] | None: ...
+
+
+class Checked(Protocol):
+    """What the checks read of `rofu.service.settings.Settings` (which runs them, so this
+    module cannot import it)."""
+
+    @property
+    def arms(self) -> Sequence[_Arm]: ...
+    @property
+    def max_arms(self) -> int: ...
+    @property
+    def arm_feature_dim(self) -> int: ...
+    @property
+    def holdout_share(self) -> float: ...
+    @property
+    def learning_mode(self) -> str: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def database_url(self) -> str: ...
+    @property
+    def redis_url(self) -> str | None: ...
+    @property
+    def db_lock_timeout_ms(self) -> int: ...
+    @property
+    def db_statement_timeout_ms(self) -> int: ...
+    @property
+    def gate_window(self) -> int: ...
+    @property
+    def gate_min_rows(self) -> int: ...
+
+
+def check_consistent(settings: Checked) -> None:
     """Refuse settings that contradict each other.
 
     Raises:
@@ -36,7 +71,7 @@ def check_consistent(settings: Settings) -> None:
         raise ValueError(f"gate_window is below gate_min_rows ({settings.gate_min_rows})")
 
 
-def _check_arms(settings: Settings) -> None:
+def _check_arms(settings: Checked) -> None:
     ids = [arm.id for arm in settings.arms]
     if len(set(ids)) != len(ids):
         raise ValueError("arms: arm ids must be unique")

@@ -106,7 +106,7 @@ def test_every_router_decodes_strictly() -> None:
 def _json_operations(app: FastAPI) -> list[tuple[str, str]]:
     """(method, path) of every operation of the schema that takes a JSON body."""
     return [
-        (method, path.replace("{eventId}", "some-event"))
+        (method, path.replace("{eventId}", "some-event").replace("{version}", "1"))
         for path, operations in app.openapi()["paths"].items()
         for method, operation in operations.items()
         if "application/json" in operation.get("requestBody", {}).get("content", {})
@@ -129,8 +129,8 @@ async def test_every_json_endpoint_refuses_invalid_unicode(
     client, app = service
     before = _counts(app)
     operations = _json_operations(app)
-    # select, select/validate, reward, arms, pin, rank, facade reward
-    assert len(operations) == 7, operations
+    # select, select/validate, reward, arms, pin, a checkpoint's gate status, rank, facade reward
+    assert len(operations) == 8, operations
     for method, path in operations:
         response = await client.request(method, path, content=body, headers=JSON)
         if path.startswith(PREFIX):  # Personalizer's shape: a 422 is a 400
