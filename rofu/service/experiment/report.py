@@ -2,7 +2,8 @@
 
 It reads every decision made while a holdout ran (`decisions.experiment` set; from
 `since` on when given) with its reward, in one streamed query, and folds them into
-per-unit sums, so its memory grows with the units, not the decisions. A decision's
+per-unit sums, so its memory grows with the units (the decisions themselves where
+requests send no `unit_id`), not with each unit's decisions. A decision's
 outcome is its reward (a late one too: it is a real outcome, only kept from training),
 else `ROFU_DEFAULT_REWARD` once its reward window has closed, when that is set; a
 deferred decision never activated in time has none (the app did not show it), in either
@@ -146,13 +147,12 @@ def _interval(value: Interval) -> wire.Interval:
 
 
 def _comparison(result: Comparison) -> wire.Comparison:
-    interval = _interval
     return wire.Comparison(
-        rofu=wire.Group(units=result.rofu.units, mean=interval(result.rofu.mean)),
-        holdout=wire.Group(units=result.holdout.units, mean=interval(result.holdout.mean)),
-        difference=interval(result.difference),
-        lift=interval(result.lift),
-        sequential=interval(result.sequence),
+        rofu=wire.Group(units=result.rofu.units, mean=_interval(result.rofu.mean)),
+        holdout=wire.Group(units=result.holdout.units, mean=_interval(result.holdout.mean)),
+        difference=_interval(result.difference),
+        lift=_interval(result.lift),
+        sequential=_interval(result.sequence),
         p_value=result.p_value,
         significant=result.significant,
     )
