@@ -15,14 +15,13 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 
-import redis
 from sqlalchemy import func, select
 
 from rofu.service.db import gate_status, repository
 from rofu.service.db.engine import SessionFactory
 from rofu.service.db.tables import PROMOTED, REJECTED, CheckpointRow
 from rofu.service.errors import Conflict, NotFound
-from rofu.service.lifecycle.redis_bus import RedisBus
+from rofu.service.lifecycle.redis_bus import RedisBus, announce
 
 log = logging.getLogger("rofu.gate")
 GATE_NOTICE = "gate"  # the bus notice after a decision by hand: replicas sync
@@ -63,7 +62,7 @@ def decide(
     if not gate_status.mark(sessions, version, status, figures, was=row.gate_status):
         raise Conflict(f"checkpoint {version} was decided meanwhile: look again and retry")
     log.warning("checkpoint %s %s by an operator: %s", version, status, figures["reason"])
-    _announce(bus)
+    announce(bus, GATE_NOTICE, "gate")
     found = repository.get_checkpoint(sessions, version, with_blob=False)
     assert found is not None  # checkpoints are never deleted
     return found
@@ -82,13 +81,3 @@ def _check_rejectable(sessions: SessionFactory, version: int) -> None:
             f"checkpoint {version} is the only promoted checkpoint: rejecting it would leave "
             "nothing to serve (promote another first)"
         )
-
-
-def _announce(bus: RedisBus | None) -> None:
-    """Tell the replicas now; without the notice they find the decision at their next poll."""
-    if bus is None:
-        return
-    try:
-        bus.notify(GATE_NOTICE)
-    except redis.RedisError as exc:
-        log.warning("gate notice not sent (%s); replicas will poll for it", exc)

@@ -6,10 +6,7 @@ replicas apply it at once, and their periodic sync applies it anyway.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
-
-import redis
 
 from rofu.models import CheckpointError, RewardNetConfig
 from rofu.service.db import repository
@@ -18,9 +15,7 @@ from rofu.service.db.tables import PROMOTED
 from rofu.service.deciding.snapshot import load_served
 from rofu.service.errors import Conflict, NotFound
 from rofu.service.lifecycle.checkpoint_store import CheckpointStore
-from rofu.service.lifecycle.redis_bus import PIN_NOTICE, RedisBus
-
-log = logging.getLogger("rofu.bus")
+from rofu.service.lifecycle.redis_bus import PIN_NOTICE, RedisBus, announce
 
 
 def pin(
@@ -57,21 +52,10 @@ def pin(
     except CheckpointError as exc:
         raise Conflict(f"checkpoint {version} fails verification: {exc}", field="version") from exc
     repository.set_pin(sessions, version)
-    _announce(bus)
+    announce(bus, PIN_NOTICE, "pin")
 
 
 def unpin(sessions: SessionFactory, bus: RedisBus | None = None) -> None:
     """Serve the newest promoted checkpoint again."""
     repository.set_pin(sessions, None)
-    _announce(bus)
-
-
-def _announce(bus: RedisBus | None) -> None:
-    """Tell the replicas now; without the notice (Redis down) they find the stored pin at
-    their next poll."""
-    if bus is None:
-        return
-    try:
-        bus.notify(PIN_NOTICE)
-    except redis.RedisError as exc:
-        log.warning("pin notice not sent (%s); replicas will poll for it", exc)
+    announce(bus, PIN_NOTICE, "pin")

@@ -211,3 +211,14 @@ class RedisBus:
                 backoff = min(backoff * 2, 5.0)
             finally:
                 await client.aclose()
+
+
+def announce(bus: RedisBus | None, notice: str, what: str) -> None:
+    """Tell the replicas of a stored change now (`RedisBus.notify`); without Redis, or with
+    Redis down (logged), they find it at their next poll."""
+    if bus is None:
+        return
+    try:
+        bus.notify(notice)
+    except redis.RedisError as exc:
+        log.warning("%s notice not sent (%s); replicas will poll for it", what, exc)
