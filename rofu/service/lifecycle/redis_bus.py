@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis
@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("rofu.bus")
 PIN_NOTICE = "pin"
 COOLDOWN_S = 5.0  # how long Redis is skipped after a call to it timed out
+#: How long the listener waits on a silent channel before it pings Redis; with no answer
+#: one more such wait later, the connection is taken for dead and made anew.
+LISTEN_PING_S = 5.0
 T = TypeVar("T")
 
 
@@ -101,12 +104,14 @@ class RedisBus:
         timeout_s: float = 0.5,
         cooldown_s: float = COOLDOWN_S,
         clock: Callable[[], float] = time.monotonic,
+        listen_ping_s: float = LISTEN_PING_S,
     ):
         self.url = url
         self.prefix = prefix
         self.keep = keep
         self.channel = f"{prefix}:checkpoints"
         self._timeout_s = timeout_s
+        self._listen_ping_s = listen_ping_s
         self._cooldown = Cooldown(cooldown_s, clock)
         client = cast(
             _Client,
@@ -191,7 +196,9 @@ class RedisBus:
         """Call `on_notice(message)` for every notice, forever, reconnecting on failures.
 
         After each (re)connection it calls `on_notice("connected")` so the caller can catch
-        up with whatever it missed while disconnected.
+        up with whatever it missed while disconnected. A connection that stops answering
+        without closing (a Redis host gone, a half-open TCP connection) is found by a ping
+        after `listen_ping_s` of silence and replaced within twice that.
         """
         backoff = 0.2
         while True:
@@ -201,16 +208,33 @@ class RedisBus:
                     await pubsub.subscribe(self.channel)
                     backoff = 0.2
                     await on_notice("connected")
-                    async for message in pubsub.listen():
-                        if message["type"] == "message":
-                            data = message["data"]
-                            await on_notice(data.decode() if isinstance(data, bytes) else data)
+                    async for notice in self._notices(pubsub):
+                        await on_notice(notice)
             except (redis.RedisError, OSError) as exc:
                 log.warning("checkpoint bus disconnected (%s); retrying in %.1fs", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
             finally:
                 await client.aclose()
+
+    async def _notices(self, pubsub: aioredis.client.PubSub) -> AsyncIterator[str]:
+        """The channel's notices; after `listen_ping_s` of silence a ping, and when that
+        goes unanswered for as long again, redis.ConnectionError."""
+        pinged = False
+        while True:
+            message = await pubsub.get_message(timeout=self._listen_ping_s)
+            if message is None:
+                if pinged:
+                    raise redis.ConnectionError(
+                        f"no answer from Redis to a ping within {self._listen_ping_s:g}s"
+                    )
+                await pubsub.ping()
+                pinged = True
+                continue
+            pinged = False
+            if message["type"] == "message":
+                data = message["data"]
+                yield data.decode() if isinstance(data, bytes) else data
 
 
 def announce(bus: RedisBus | None, notice: str, what: str) -> None:
