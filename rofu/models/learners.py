@@ -4,13 +4,16 @@ Each candidate (a network and how it is fitted) sees every new row first as a te
 squared error (r_t - f_{theta_{t-1}}(x_t, a_t))^2 is folded into an exponentially weighted
 mean (`rofu.models.data.Prequential`) before any refit trains on that row, so a row never
 scores a model fitted on it. Every candidate is then refitted on the same rows, and the one
-with the lowest prequential loss is served (ROFU's bonus is the served model's). Training
-cost grows with the number of candidates.
+with the lowest prequential loss is served (ROFU's bonus is the served model's). A
+candidate whose refit diverges, or whose predictions stop being finite, starts again from
+its initial network (counted in `resets`), so one unstable learner never stops the family
+from training or publishing. Training cost grows with the number of candidates.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,6 +26,8 @@ from rofu.models.networks import RewardNet, RewardNetConfig
 from rofu.models.scaling import squared_residuals
 from rofu.models.training import FitConfig, fit, learner_net_config, make_optimizer
 from rofu.models.validation import check_choice
+
+log = logging.getLogger("rofu.learners")
 
 #: The default family's candidates, in the order ties are broken.
 LEARNERS = ("mlp", "sgd-decay", "linear")
@@ -99,12 +104,15 @@ class LearnerFamily:
         self.candidates = tuple(candidates)
         self.decay = decay
         self.persist = persist
-        self.nets = {
-            c.name: RewardNet(_as_mlp(learner_net_config(c.net, c.fit))).to(device).eval()
-            for c in self.candidates
-        }
+        self.device = device
+        self.nets = {c.name: self._initial_net(c) for c in self.candidates}
         self.losses = {c.name: Prequential() for c in self.candidates}
+        self.resets = {c.name: 0 for c in self.candidates}
         self._optimizers: dict[str, torch.optim.Optimizer] = {}
+
+    def _initial_net(self, candidate: Candidate) -> RewardNet:
+        config = _as_mlp(learner_net_config(candidate.net, candidate.fit))
+        return RewardNet(config).to(self.device).eval()
 
     @property
     def served(self) -> str:
@@ -121,9 +129,15 @@ class LearnerFamily:
     def observe(self, batch: Transitions, arm_features: Tensor | None) -> None:
         """Score new rows with every candidate as it is now, then fold them into the
         standardising candidates' statistics; call before any refit on them."""
-        for name, net in self.nets.items():
+        for candidate in self.candidates:
+            net = self.nets[candidate.name]
             squared = squared_residuals(net, batch, arm_features)
-            self.losses[name] = self.losses[name].updated(squared, self.decay)
+            if not bool(torch.isfinite(squared).all()):
+                net = self._reset(candidate, "its predictions are not finite")
+            else:
+                self.losses[candidate.name] = self.losses[candidate.name].updated(
+                    squared, self.decay
+                )
             first = next(net.parameters())
             net.observe(batch.x.to(first), batch.rewards.to(first))
 
@@ -141,13 +155,27 @@ class LearnerFamily:
             metrics[candidate.name] = fit(
                 net, data, candidate.fit, draws, arm_features=arm_features, optimizer=optimizer
             )
+            if not all(bool(torch.isfinite(p).all()) for p in net.parameters()):
+                self._reset(candidate, "its refit diverged")
         return metrics[self.served] | self.record()
 
+    def _reset(self, candidate: Candidate, why: str) -> RewardNet:
+        """Start a diverged candidate again: its initial network, a new optimizer, no loss
+        (so it is not served before it has scored rows again); counted in `resets`."""
+        log.warning("learner %r starts again: %s", candidate.name, why)
+        self.nets[candidate.name] = net = self._initial_net(candidate)
+        self.losses[candidate.name] = Prequential()
+        self._optimizers.pop(candidate.name, None)
+        self.resets[candidate.name] += 1
+        return net
+
     def record(self) -> dict[str, float]:
-        """`loss/<name>` per candidate with a loss yet, and `served`, the served index."""
+        """`loss/<name>` per candidate with a loss yet, `resets/<name>` per candidate that
+        diverged and started again, and `served`, the served index."""
         names = [c.name for c in self.candidates]
         losses = {f"loss/{n}": v for n in names if (v := self.losses[n].variance) is not None}
-        return losses | {"served": float(names.index(self.served))}
+        resets = {f"resets/{n}": float(k) for n, k in self.resets.items() if k}
+        return losses | resets | {"served": float(names.index(self.served))}
 
     def states(self) -> tuple[CandidateState, ...]:
         """Every candidate's network and loss, for a checkpoint."""

@@ -82,3 +82,37 @@ def test_rofu_policy_serves_the_family_choice() -> None:
     assert {"loss/mlp", "loss/sgd-decay", "loss/linear", "served"} <= set(metrics)
     assert policy.buffer.noise == policy.family.losses[policy.family.served]
     assert policy.scores(torch.zeros(1, 4)).bonus.shape == (1, 2)
+
+
+def test_a_diverging_candidate_starts_again_and_the_others_are_served() -> None:
+    """SGD at a step far past its stability diverges on its first refit: that candidate
+    starts again from its initial network with no loss, the family stays finite, the MLP
+    is served, and the reset is counted; the rows keep being scored."""
+    wild = FitConfig(steps=30, batch_size=256, optimizer="sgd", lr=1e6)
+    family = LearnerFamily([Candidate("mlp", NET, EAGER), Candidate("wild", NET, wild)])
+    initial = {k: v.clone() for k, v in family.nets["wild"].state_dict().items()}
+    generator, seen = torch.Generator().manual_seed(0), []
+    for batch in _stream(lambda x, a: 5 * x[:, 0], 20, seed=3):
+        family.observe(batch, None)
+        seen.append(batch)
+        record = family.fit(Transitions.concat(seen), generator)
+        assert family.all_finite()
+        assert family.served == "mlp"
+    assert family.resets == {"mlp": 0, "wild": 4}
+    assert record["resets/wild"] == 4.0
+    assert "resets/mlp" not in record
+    assert family.losses["wild"].variance is None  # reset after its last refit
+    assert all(torch.equal(v, initial[k]) for k, v in family.nets["wild"].state_dict().items())
+
+
+def test_a_candidate_whose_predictions_overflow_starts_again_when_it_scores() -> None:
+    family = LearnerFamily([Candidate("mlp", NET, EAGER), Candidate("other", NET, EAGER)])
+    with torch.no_grad():
+        for p in family.nets["other"].parameters():
+            p.fill_(1e30)  # finite parameters, infinite outputs
+    batch = _stream(lambda x, a: x[:, 0], 5, seed=4)[0]
+    family.observe(batch, None)
+    assert family.resets["other"] == 1
+    assert family.losses["other"].variance is None
+    assert family.losses["mlp"].variance is not None
+    assert family.served == "mlp"
