@@ -69,7 +69,7 @@ class FreezingProxy:
 
 
 @pytest.mark.anyio
-async def test_a_silent_connection_is_replaced_and_notices_arrive_again():
+async def test_a_silent_connection_is_replaced_and_notices_arrive_again() -> None:
     url = urlparse(require_redis())
     proxy = FreezingProxy(url.hostname or "127.0.0.1", url.port or 6379)
     port = await proxy.start()
@@ -106,7 +106,7 @@ async def test_a_silent_connection_is_replaced_and_notices_arrive_again():
 
 
 @pytest.mark.anyio
-async def test_a_quiet_but_live_channel_keeps_its_one_connection():
+async def test_a_quiet_but_live_channel_keeps_its_one_connection() -> None:
     prefix = f"test-{uuid.uuid4().hex[:10]}"
     bus = RedisBus(require_redis(), prefix=prefix, listen_ping_s=0.1)
     notices: list[str] = []
