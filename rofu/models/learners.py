@@ -22,7 +22,7 @@ from torch import Tensor
 
 from rofu.models.checkpoint import CandidateState
 from rofu.models.data import Prequential, Transitions
-from rofu.models.networks import RewardNet, RewardNetConfig
+from rofu.models.networks import RewardNet, RewardNetConfig, parameters_finite
 from rofu.models.scaling import squared_residuals
 from rofu.models.training import FitConfig, fit, learner_net_config, make_optimizer
 from rofu.models.validation import check_choice
@@ -155,7 +155,7 @@ class LearnerFamily:
             metrics[candidate.name] = fit(
                 net, data, candidate.fit, draws, arm_features=arm_features, optimizer=optimizer
             )
-            if not all(bool(torch.isfinite(p).all()) for p in net.parameters()):
+            if not parameters_finite(net):
                 self._reset(candidate, "its refit diverged")
         return metrics[self.served] | self.record()
 
@@ -207,9 +207,7 @@ class LearnerFamily:
 
     def all_finite(self) -> bool:
         """Whether every candidate's parameters are finite (a diverged one is never kept)."""
-        return all(
-            bool(torch.isfinite(p).all()) for net in self.nets.values() for p in net.parameters()
-        )
+        return all(parameters_finite(net) for net in self.nets.values())
 
     def _optimizer(self, candidate: Candidate, net: RewardNet) -> torch.optim.Optimizer | None:
         if not self.persist:

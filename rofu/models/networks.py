@@ -17,6 +17,11 @@ from rofu.models.reward_model import RewardModel
 from rofu.models.validation import check_choice, check_float, check_int
 
 
+def parameters_finite(module: nn.Module) -> bool:
+    """Whether every parameter of `module` is finite (a diverged refit is not)."""
+    return all(bool(torch.isfinite(p).all()) for p in module.parameters())
+
+
 def _identity(h: Tensor) -> Tensor:
     return h
 

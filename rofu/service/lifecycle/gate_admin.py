@@ -21,7 +21,7 @@ from rofu.service.db import gate_status, repository
 from rofu.service.db.engine import SessionFactory
 from rofu.service.db.tables import PROMOTED, REJECTED, CheckpointRow
 from rofu.service.errors import Conflict, NotFound
-from rofu.service.lifecycle.redis_bus import RedisBus, announce
+from rofu.service.lifecycle.redis_bus import RedisBus, send_notice
 
 log = logging.getLogger("rofu.gate")
 GATE_NOTICE = "gate"  # the bus notice after a decision by hand: replicas sync
@@ -62,7 +62,7 @@ def decide(
     if not gate_status.mark(sessions, version, status, figures, was=row.gate_status):
         raise Conflict(f"checkpoint {version} was decided meanwhile: look again and retry")
     log.warning("checkpoint %s %s by an operator: %s", version, status, figures["reason"])
-    announce(bus, GATE_NOTICE, "gate")
+    send_notice(bus, GATE_NOTICE, "gate")
     found = repository.get_checkpoint(sessions, version, with_blob=False)
     assert found is not None  # checkpoints are never deleted
     return found

@@ -15,7 +15,7 @@ from rofu.service.db.tables import PROMOTED
 from rofu.service.deciding.snapshot import load_served
 from rofu.service.errors import Conflict, NotFound
 from rofu.service.lifecycle.checkpoint_store import CheckpointStore
-from rofu.service.lifecycle.redis_bus import PIN_NOTICE, RedisBus, announce
+from rofu.service.lifecycle.redis_bus import PIN_NOTICE, RedisBus, send_notice
 
 
 def pin(
@@ -52,10 +52,10 @@ def pin(
     except CheckpointError as exc:
         raise Conflict(f"checkpoint {version} fails verification: {exc}", field="version") from exc
     repository.set_pin(sessions, version)
-    announce(bus, PIN_NOTICE, "pin")
+    send_notice(bus, PIN_NOTICE, "pin")
 
 
 def unpin(sessions: SessionFactory, bus: RedisBus | None = None) -> None:
     """Serve the newest promoted checkpoint again."""
     repository.set_pin(sessions, None)
-    announce(bus, PIN_NOTICE, "pin")
+    send_notice(bus, PIN_NOTICE, "pin")

@@ -237,7 +237,7 @@ class RedisBus:
                 yield data.decode() if isinstance(data, bytes) else data
 
 
-def announce(bus: RedisBus | None, notice: str, what: str) -> None:
+def send_notice(bus: RedisBus | None, notice: str, what: str) -> None:
     """Tell the replicas of a stored change now (`RedisBus.notify`); without Redis, or with
     Redis down (logged), they find it at their next poll."""
     if bus is None:

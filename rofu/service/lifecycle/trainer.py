@@ -44,6 +44,7 @@ import torch
 
 from rofu.models import Checkpoint, DataBuffer, FitConfig, RewardNet, dump_checkpoint, fit
 from rofu.models.learners import LearnerFamily
+from rofu.models.networks import parameters_finite
 from rofu.models.rofu import ascent_rho
 from rofu.models.scaling import scoring_inputs, squared_residuals
 from rofu.service.db import deferral, quarantine, repository
@@ -247,7 +248,7 @@ class Trainer:
         metrics = fit(
             net, buffer.view(), config, generator, arm_features=features, optimizer=optimizer
         )
-        _check_finite(all(bool(torch.isfinite(p).all()) for p in net.parameters()), version)
+        _check_finite(parameters_finite(net), version)
         return metrics
 
     def _generator(self, version: int) -> torch.Generator:

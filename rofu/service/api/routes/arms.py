@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
-import redis
 from fastapi import APIRouter, Path
 from starlette.concurrency import run_in_threadpool
 
@@ -25,7 +24,7 @@ from rofu.service.db import arms as arm_rows
 from rofu.service.db.tables import ArmRow
 from rofu.service.deciding.catalogue import ARMS_NOTICE, CatalogueCache
 from rofu.service.errors import InvalidInput
-from rofu.service.lifecycle.redis_bus import RedisBus
+from rofu.service.lifecycle.redis_bus import RedisBus, send_notice
 
 router = APIRouter(route_class=JsonRoute, prefix=f"{API_PREFIX}/arms", tags=["arms"])
 ERRORS = error_responses(401, 403, 404, 409, 422, 503)
@@ -91,9 +90,4 @@ async def _changed(catalogue: CatalogueCache, bus: RedisBus | None) -> None:
     the fallback when the notice is lost: ROFU_CHECKPOINT_POLL_SECONDS +
     ROFU_ARM_REFRESH_SECONDS at most)."""
     await run_in_threadpool(catalogue.refresh)
-    if bus is None:
-        return
-    try:
-        await run_in_threadpool(bus.notify, ARMS_NOTICE)
-    except redis.RedisError as exc:  # the change is stored; replicas pick it up by polling
-        log.warning("arm catalogue notice not sent (%s); replicas will poll for it", exc)
+    await run_in_threadpool(send_notice, bus, ARMS_NOTICE, "arm catalogue")
