@@ -203,8 +203,10 @@ class DataBuffer:
     `context_dim` is D for (D,) contexts, or a tuple, the shape of one context (an image's
     (C, H, W)). With `max_size`, it keeps a uniform reservoir sample (Vitter's algorithm R,
     drawn from `generator`) of at most `max_size` rows while `n_total` and the counts cover
-    all data. With `arm_feature_dim` F >= 1 every row carries its arm's (F,) features
-    (`Transitions.features`), and every appended batch must carry them.
+    all data. With `window` W it keeps the last W rows instead: an older row leaves the
+    sample, `n_total` and the counts (so the data D is the window; `n_seen` still counts
+    every row appended). With `arm_feature_dim` F >= 1 every row carries its arm's (F,)
+    features (`Transitions.features`), and every appended batch must carry them.
     """
 
     def __init__(
@@ -216,19 +218,27 @@ class DataBuffer:
         device: torch.device | str = "cpu",
         generator: torch.Generator | None = None,
         arm_feature_dim: int = 0,
+        window: int | None = None,
     ) -> None:
         self.context_shape = as_context_shape("context_dim", context_dim)
         if max_size is not None:
             check_int("max_size", max_size, low=1)
+        if window is not None:
+            check_int("window", window, low=1)
+            if max_size is not None and window > max_size:
+                raise ValueError(f"window ({window}) must be at most max_size ({max_size})")
         self.arm_feature_dim = check_int("arm_feature_dim", arm_feature_dim, low=0)
         self.max_size = max_size
+        self.window = window
         self._generator = generator or torch.Generator().manual_seed(0)
         self._x = torch.empty(0, *self.context_shape, dtype=dtype, device=device)
         self._arms = torch.empty(0, dtype=torch.int64, device=device)
         self._rewards = torch.empty(0, dtype=dtype, device=device)
         self._features = torch.empty(0, arm_feature_dim, dtype=dtype, device=device)
+        self._start = 0  # a window's oldest held row
         self._size = 0
         self.n_total = 0
+        self.n_seen = 0
         self.arm_counts = torch.zeros(0, dtype=torch.int64)
         self.noise: Prequential | None = None
 
@@ -242,11 +252,14 @@ class DataBuffer:
         *,
         max_size: int | None = None,
         generator: torch.Generator | None = None,
+        window: int | None = None,
     ) -> DataBuffer:
         """Continue a buffer from a checkpoint's sample, |D| and per-arm counts.
 
         Later appends keep the reservoir uniform over all |D| + new rows, because the
-        acceptance probability uses the restored `n_total`.
+        acceptance probability uses the restored `n_total`. With a `window`, the sample's
+        last `window` rows are kept and D becomes them (a sample that stands for more rows
+        than it holds, a reservoir, has no order: its rows count as older than any new row).
         """
         sample = data.sample
         if max_size is not None and len(sample) > max_size:
@@ -258,11 +271,17 @@ class DataBuffer:
             device=sample.x.device,
             generator=generator,
             arm_feature_dim=0 if sample.features is None else sample.features.shape[1],
+            window=window,
         )
+        counts = data.arm_counts.clone()
+        if window is not None and (data.n_total > len(sample) or len(sample) > window):
+            sample = sample.subset(torch.arange(max(0, len(sample) - window), len(sample)))
+            counts = torch.bincount(sample.arms.cpu(), minlength=counts.numel())
         if len(sample):
             buffer._put_rows(sample, len(sample))
-        buffer.n_total = data.n_total
-        buffer.arm_counts = data.arm_counts.clone()
+        buffer.n_total = data.n_total if window is None else len(sample)
+        buffer.n_seen = data.n_total
+        buffer.arm_counts = counts
         buffer.noise = data.noise
         return buffer
 
@@ -283,6 +302,10 @@ class DataBuffer:
             raise ValueError(
                 f"batch.features must have {self.arm_feature_dim} columns (0: none), got {width}"
             )
+        self.n_seen += len(batch)
+        if self.window is not None:
+            self._append_window(batch, self.window)
+            return
         self._count(batch.arms)
         bulk = len(batch)
         if self.max_size is not None:
@@ -292,7 +315,7 @@ class DataBuffer:
         for row in range(bulk, len(batch)):
             self._reservoir_put(batch, row)
 
-    def _count(self, arms: Tensor) -> None:
+    def _count(self, arms: Tensor, sign: int = 1) -> None:
         if arms.numel() == 0:
             return
         needed = int(arms.max()) + 1
@@ -300,24 +323,47 @@ class DataBuffer:
             grown = torch.zeros(needed, dtype=torch.int64)
             grown[: self.arm_counts.numel()] = self.arm_counts
             self.arm_counts = grown
-        self.arm_counts += torch.bincount(arms.cpu(), minlength=self.arm_counts.numel())
+        self.arm_counts += sign * torch.bincount(arms.cpu(), minlength=self.arm_counts.numel())
+
+    def _append_window(self, batch: Transitions, window: int) -> None:
+        """Add rows to a window: the batch's last `window` rows enter, the oldest held
+        rows leave, and the counts follow."""
+        if len(batch) > window:
+            batch = batch.subset(torch.arange(len(batch) - window, len(batch)))
+        leaving = self._size + len(batch) - window
+        if leaving > 0:
+            self._count(self._arms[self._start : self._start + leaving], sign=-1)
+            self._start += leaving
+            self._size -= leaving
+            self.n_total -= leaving
+        if self._start + self._size + len(batch) > 2 * window:  # compact: one copy per W rows
+            held = slice(self._start, self._start + self._size)
+            for name in ("_x", "_arms", "_rewards", "_features"):
+                tensor = getattr(self, name)
+                tensor[: self._size] = tensor[held].clone()
+            self._start = 0
+        self._count(batch.arms)
+        self._put_rows(batch, len(batch))
 
     def _put_rows(self, batch: Transitions, rows: int) -> None:
-        end = self._size + rows
+        begin = self._start + self._size
+        end = begin + rows
         if end > self._x.shape[0]:
             capacity = max(end, 2 * self._x.shape[0], 64)
             if self.max_size is not None:
                 capacity = min(capacity, self.max_size)
+            if self.window is not None:
+                capacity = min(capacity, 2 * self.window)
             self._x = _resized(self._x, capacity)
             self._arms = _resized(self._arms, capacity)
             self._rewards = _resized(self._rewards, capacity)
             self._features = _resized(self._features, capacity)
-        self._x[self._size : end] = batch.x[:rows].to(self._x)
-        self._arms[self._size : end] = batch.arms[:rows].to(self._arms.device)
-        self._rewards[self._size : end] = batch.rewards[:rows].to(self._rewards)
+        self._x[begin:end] = batch.x[:rows].to(self._x)
+        self._arms[begin:end] = batch.arms[:rows].to(self._arms.device)
+        self._rewards[begin:end] = batch.rewards[:rows].to(self._rewards)
         if batch.features is not None:
-            self._features[self._size : end] = batch.features[:rows].to(self._features)
-        self._size = end
+            self._features[begin:end] = batch.features[:rows].to(self._features)
+        self._size += rows
         self.n_total += rows
 
     def _reservoir_put(self, batch: Transitions, row: int) -> None:
@@ -331,10 +377,10 @@ class DataBuffer:
                 self._features[slot] = batch.features[row].to(self._features)
 
     def view(self) -> Transitions:
-        """The stored rows (all data, or the reservoir sample)."""
-        n = self._size
-        features = self._features[:n] if self.arm_feature_dim else None
-        return Transitions(self._x[:n], self._arms[:n], self._rewards[:n], features)
+        """The stored rows (all data, the reservoir sample, or the window, oldest first)."""
+        held = slice(self._start, self._start + self._size)
+        features = self._features[held] if self.arm_feature_dim else None
+        return Transitions(self._x[held], self._arms[held], self._rewards[held], features)
 
     def regulariser_data(self, n_arms: int | None = None) -> RegulariserData:
         """The stored rows with |D| and per-arm counts padded to `n_arms` arms."""

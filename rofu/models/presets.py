@@ -93,7 +93,18 @@ PRODUCT = RofuPreset(
     # results/tuning/product-stability (Statlog and Jester, seeds 1000-1001, T = 20 000),
     # by the rule written there before its runs finished; the fixed step ran at rho near 20
     # on Jester and past 2 at times on Statlog (benchmarks/results/stability-*.json).
-    rofu=RofuConfig(regulariser="arm_count", baseline="drift", estimator="ntk", stability_cap=1.0),
+    # The exploration floor eps = 0.005 (a uniform choice mixed in with weight eps, so every
+    # candidate keeps p >= eps / K), frozen after results/tuning/selection-rule (chosen among
+    # floors 0.005, 0.01 and inverse-gap weighting) and results/tuning/preset (seeds
+    # 1000-1001, T = 2 000, all seven sets): every candidate the preset screen could freeze
+    # carries it.
+    rofu=RofuConfig(
+        regulariser="arm_count",
+        baseline="drift",
+        estimator="ntk",
+        stability_cap=1.0,
+        exploration_floor=0.005,
+    ),
     # persist (one Adam kept across refits instead of a fresh one each round), frozen after
     # results/tuning/persist (Statlog seeds 1000-1001, Financial seed 1000, T = 20 000):
     # mean regret 184.5 vs 219.5 on Statlog, 183.7 vs 177.9 on Financial; a thin margin.

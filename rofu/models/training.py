@@ -256,6 +256,9 @@ class TrainSchedule:
             False: a fresh optimizer every refit.
         family: refit a family of candidate learners on the same rows and serve the one
             with the lowest prequential loss (`rofu.models.learners`; ROFU only).
+        window: train on the last `window` rows only, for rewards that drift: an older
+            row leaves the data, the regulariser's counts included (`DataBuffer`); 0:
+            every row.
     """
 
     every: int = hyper(50, low=1)
@@ -263,6 +266,7 @@ class TrainSchedule:
     fit: FitConfig = field(default_factory=lambda: SHOWDOWN_FIT)
     persist: bool = hyper(False)
     family: bool = hyper(False)
+    window: int = hyper(0, low=0)
 
     def __post_init__(self) -> None:
         check_hypers(self)

@@ -42,5 +42,6 @@ def preset_settings(preset: RofuPreset) -> dict[str, Any]:
         "fit_steps_per_row": preset.fit_steps_per_row,
         **FIT_PART.values(preset.schedule.fit),
         "fit_persist": preset.schedule.persist,
+        "training_window": preset.schedule.window,
         "learners": family_learners(preset),
     }

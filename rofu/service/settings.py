@@ -168,6 +168,10 @@ class Settings(ModelSettings):
     reward_window_seconds: Annotated[float, Field(ge=0)] = 60.0
     default_reward: FiniteFloat | None = None
     data_sample_size: Annotated[int, Field(ge=1)] = 20_000
+    # For rewards that drift: train on the last training_window rewarded rows only (an
+    # older row leaves the data sample and the regulariser's per-arm counts); at most
+    # data_sample_size. 0: every row, through a uniform sample of data_sample_size rows.
+    training_window: Annotated[int, Field(ge=0)] = PRODUCT.schedule.window
     # Each run trains fit_steps_per_row optimizer steps per new row (the preset's rate:
     # its refit's steps over its rows between refits), at most fit_max_steps; fit_steps
     # set: exactly that many per run. fit_persist: one optimizer carried across the runs

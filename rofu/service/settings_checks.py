@@ -42,6 +42,10 @@ class Checked(Protocol):
     def gate_window(self) -> int: ...
     @property
     def gate_min_rows(self) -> int: ...
+    @property
+    def training_window(self) -> int: ...
+    @property
+    def data_sample_size(self) -> int: ...
 
 
 def check_consistent(settings: Checked) -> None:
@@ -69,6 +73,11 @@ def check_consistent(settings: Checked) -> None:
         )
     if settings.gate_window < settings.gate_min_rows:
         raise ValueError(f"gate_window is below gate_min_rows ({settings.gate_min_rows})")
+    if settings.training_window > settings.data_sample_size:
+        raise ValueError(
+            f"training_window ({settings.training_window}) exceeds data_sample_size "
+            f"({settings.data_sample_size}): the sample holds the window's rows"
+        )
 
 
 def _check_arms(settings: Checked) -> None:

@@ -151,10 +151,14 @@ async def test_apprentice_serves_the_baseline_and_logs_rofus_choice_beside_it(
         assert row.rofu_arm == decision["rofu_arm"]
         assert row.rofu_probabilities is not None
         assert math.isclose(sum(row.rofu_probabilities), 1.0)
-        # rofu's own rule (argmax of the UCB, floor 0): its arm with probability 1
+        # rofu's own rule (argmax of the UCB with the preset's floor eps): the argmax has
+        # 1 - eps + eps / K, every other arm eps / K, and rofu's arm was drawn from them
         ucb = {s["arm"]: s["ucb"] for s in decision["scores"]}
-        assert row.rofu_arm == max(ucb, key=ucb.__getitem__)
-        assert row.rofu_probabilities[ARMS.index(row.rofu_arm)] == 1.0
+        floor, best = apprentice_settings.exploration_floor, ARMS.index(max(ucb, key=ucb.get))
+        for slot, probability in enumerate(row.rofu_probabilities):
+            want = 1 - floor + floor / len(ARMS) if slot == best else floor / len(ARMS)
+            assert probability == pytest.approx(want, abs=1e-12)
+        assert row.rofu_probabilities[ARMS.index(row.rofu_arm)] > 0
 
 
 @pytest.mark.anyio

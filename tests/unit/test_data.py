@@ -213,6 +213,8 @@ def test_data_buffer_rejects_rows_of_another_width():
         ({"context_dim": 2.5}, TypeError, "context_dim"),
         ({"context_dim": 3, "max_size": 0}, ValueError, "max_size"),
         ({"context_dim": 3, "max_size": 10.0}, TypeError, "max_size"),
+        ({"context_dim": 3, "window": 0}, ValueError, "window"),
+        ({"context_dim": 3, "window": 20, "max_size": 10}, ValueError, "window"),
     ],
 )
 def test_data_buffer_rejects_bad_arguments_naming_them(kwargs, error, name):
@@ -331,3 +333,57 @@ def test_databuffer_restore_continues_counts_and_reservoir():
     assert len(restored) == 50
     with pytest.raises(ValueError, match="max_size"):
         DataBuffer.restore(RegulariserData(stream, 400, restored.arm_counts), max_size=10)
+
+
+# --- DataBuffer with a window ----------------------------------------------------------------
+
+
+def test_data_buffer_window_keeps_the_last_rows_in_order_and_their_counts():
+    buffer = DataBuffer(3, dtype=torch.float64, window=50)
+    sizes = [1, 0, 7, 64, 3, 130, 1, 1, 49, 250, 17]  # batches smaller and larger than W
+    start = 0
+    for size in sizes:
+        buffer.append(_numbered(start, size))
+        start += size
+        held = min(start, 50)
+        want = _numbered(start - held, held)
+        view = buffer.view()
+        assert len(buffer) == buffer.n_total == held
+        assert buffer.n_seen == start
+        assert torch.equal(view.rewards, want.rewards)
+        assert torch.equal(view.x, want.x)
+        counts = buffer.regulariser_data(4).arm_counts
+        assert counts.tolist() == torch.bincount(want.arms, minlength=4).tolist()
+    data = buffer.regulariser_data(6)  # D is the window: its counts sum to its rows
+    assert (data.n_total, int(data.arm_counts.sum()), len(data.sample)) == (50, 50, 50)
+
+
+def test_data_buffer_window_lets_an_arm_count_fall_to_zero():
+    buffer = DataBuffer(3, window=4)
+    buffer.append(Transitions(torch.zeros(4, 3), torch.tensor([0, 0, 1, 1]), torch.zeros(4)))
+    buffer.append(Transitions(torch.ones(4, 3), torch.tensor([2, 2, 2, 1]), torch.ones(4)))
+    assert buffer.arm_counts.tolist() == [0, 1, 3]
+    assert buffer.view().arms.tolist() == [2, 2, 2, 1]
+
+
+def test_data_buffer_restore_with_a_window_keeps_the_last_rows():
+    full = DataBuffer(3, dtype=torch.float64)
+    full.append(_numbered(0, 30))
+    restored = DataBuffer.restore(full.regulariser_data(4), window=10)
+    assert torch.equal(restored.view().rewards, _numbered(20, 10).rewards)
+    assert (restored.n_total, restored.n_seen) == (10, 30)
+    assert (
+        restored.arm_counts.tolist() == torch.bincount(_numbered(20, 10).arms, minlength=4).tolist()
+    )
+    restored.append(_numbered(30, 5))
+    assert torch.equal(restored.view().rewards, _numbered(25, 10).rewards)
+
+
+def test_data_buffer_restore_with_a_window_recounts_a_reservoir_sample():
+    reservoir = DataBuffer(3, max_size=20, generator=torch.Generator().manual_seed(0))
+    reservoir.append(make_transitions(100, 3, 4, seed=2))
+    saved = reservoir.regulariser_data(4)
+    restored = DataBuffer.restore(saved, max_size=20, window=20)
+    assert torch.equal(restored.view().x, saved.sample.x)  # its rows, now all of D
+    assert restored.n_total == 20
+    assert restored.arm_counts.tolist() == torch.bincount(saved.sample.arms, minlength=4).tolist()

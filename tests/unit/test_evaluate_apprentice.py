@@ -38,7 +38,11 @@ ROUNDS = 600  # per phase: cold start (v0), then checkpoint 1 (the true model)
 def environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Settings]:
     """Apprentice mode, a linear network without bonus (rofu's rule: its argmax mean)."""
     yield from linear_environment(
-        monkeypatch, tmp_path, ROFU_LEARNING_MODE="apprentice", ROFU_BONUS_SCALE="0"
+        monkeypatch,
+        tmp_path,
+        ROFU_LEARNING_MODE="apprentice",
+        ROFU_BONUS_SCALE="0",
+        ROFU_EXPLORATION_FLOOR="0",  # rofu's own rule: the argmax alone
     )
 
 

@@ -32,6 +32,7 @@ def environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Set
         tmp_path,
         ROFU_MAX_ARMS="4",
         ROFU_BONUS_SCALE="0",
+        ROFU_EXPLORATION_FLOOR="0",
         ROFU_REWARD_WINDOW_SECONDS="0",
     )
 

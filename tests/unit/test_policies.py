@@ -763,3 +763,17 @@ def test_rofu_decide_is_the_one_rule_of_the_service_and_the_policy() -> None:
     again = rofu_decide(None, mask, torch.Generator().manual_seed(3))
     assert first.arms.tolist() == again.arms.tolist()  # its cold start is the same rule
     assert first.propensity.tolist() == again.propensity.tolist()
+
+
+def test_a_windowed_schedule_trains_on_the_last_rows_and_keeps_refitting() -> None:
+    schedule = TrainSchedule(every=2, fit=FAST_FIT, window=6)
+    policy = RofuPolicy(net_config(), schedule, FAST_ROFU, seed=0)
+    x, arms, rewards = torch.randn(20, D), torch.arange(20) % A, torch.arange(20.0)
+    trained = [
+        policy.update(Transitions(x[i : i + 1], arms[i : i + 1], rewards[i : i + 1]))["trained"]
+        for i in range(20)
+    ]
+    assert trained == [0.0, 1.0] * 10  # every second row, long after the window filled
+    assert policy.buffer.view().rewards.tolist() == list(range(14, 20))
+    data = policy.buffer.regulariser_data(A)
+    assert (data.n_total, data.arm_counts.tolist()) == (6, [1, 1, 2, 2])

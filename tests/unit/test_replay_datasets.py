@@ -10,7 +10,14 @@ import pandas as pd
 import pytest
 
 from rofu.replay import config
-from rofu.replay.simulation.bandits import Bandit, MLPBandit, PoolBandit, Stream, WheelBandit
+from rofu.replay.simulation.bandits import (
+    Bandit,
+    MLPBandit,
+    PoolBandit,
+    RotatedBandit,
+    Stream,
+    WheelBandit,
+)
 from rofu.replay.simulation.conversions import (
     FinancialBandit,
     class_means,
@@ -30,6 +37,7 @@ from rofu.replay.simulation.datasets import (
 SUBFOLDERS = {
     "mushroom": "mushroom",
     "statlog": "statlog_shuttle",
+    "statlog-rotated": "statlog_shuttle",
     "covertype": "covertype",
     "adult": "adult",
     "census": "census1990",
@@ -79,8 +87,8 @@ def _pool(bandit: Bandit) -> np.ndarray:
 
 def test_datasets_registry_names_every_showdown_set() -> None:
     assert set(DATASETS) == {
-        "mushroom", "statlog", "covertype", "adult", "census", "jester", "financial", "wheel",
-        "mlp", "resnet",
+        "mushroom", "statlog", "statlog-rotated", "covertype", "adult", "census", "jester",
+        "financial", "wheel", "mlp", "resnet",
     }  # fmt: skip
 
 
@@ -417,3 +425,22 @@ def test_pool_bandit_rejects_empty_or_disagreeing_pools() -> None:
     stream = PoolBandit("p", np.eye(4), np.eye(4)[:, :3]).stream(20, 0)
     np.testing.assert_array_equal(stream.rewards, stream.means)
     np.testing.assert_array_equal(stream.means, stream.contexts[:, :3])  # rows stay aligned
+
+
+def test_statlog_rotated_rotates_the_arms_half_way_on_statlogs_rows(
+    load: Callable[[str], Bandit],
+) -> None:
+    plain, rotated = load("statlog").stream(400, 5), load("statlog-rotated").stream(400, 5)
+    np.testing.assert_array_equal(plain.contexts, rotated.contexts)  # common random numbers
+    np.testing.assert_array_equal(plain.means[:200], rotated.means[:200])
+    arms = load("statlog").n_arms
+    for a in range(arms):  # arm a pays what arm a + 1 paid
+        np.testing.assert_array_equal(rotated.means[200:, a], plain.means[200:, (a + 1) % arms])
+        np.testing.assert_array_equal(rotated.rewards[200:, a], plain.rewards[200:, (a + 1) % arms])
+    assert not np.array_equal(plain.means[200:], rotated.means[200:])
+
+
+def test_rotated_bandit_refuses_a_rotation_outside_the_run() -> None:
+    for at in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError, match="at must be in"):
+            RotatedBandit(WheelBandit(), at=at)

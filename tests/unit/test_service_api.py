@@ -311,8 +311,10 @@ async def test_service_select_uses_rofu_after_a_checkpoint(service: Service) -> 
             assert s["bonus"] >= 0
             assert s["ucb"] == pytest.approx(s["mean"] + s["bonus"], rel=1e-12, abs=1e-12)
         best = max(scores.values(), key=lambda s: s["ucb"])
-        assert decision["arm"] == best["arm"]
-        assert decision["propensity"] == 1.0
+        served = {p["arm"]: p["probability"] for p in decision["probabilities"]}
+        floor = app.state.runtime.settings.exploration_floor  # the argmax, with the preset's floor
+        assert served[best["arm"]] == pytest.approx(1 - floor + floor / len(ARMS), abs=1e-12)
+        assert decision["propensity"] == served[decision["arm"]]
     model = (await client.get("/v1/model")).json()
     assert model["version"] == report.version
     assert model["n_data"] == 24

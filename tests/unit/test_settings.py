@@ -178,6 +178,10 @@ def test_settings_are_frozen() -> None:
         ({"torch_threads": -1}, "greater than or equal to 0"),
         ({"stability_cap": 0}, "greater than 0"),
         ({"stability_cap": float("inf")}, "finite number"),
+        (
+            {"training_window": 500, "data_sample_size": 100},
+            r"training_window \(500\) exceeds data_sample_size \(100\)",
+        ),
     ],
 )
 def test_settings_validators_refuse(kwargs: dict[str, object], message: str) -> None:
@@ -270,6 +274,7 @@ def test_settings_rofu_config() -> None:
         estimator="exact",
         baseline="drift",  # not set: the product preset's
         stability_cap=1.0,  # likewise
+        exploration_floor=0.005,  # likewise
     )
 
 

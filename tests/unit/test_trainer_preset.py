@@ -76,3 +76,23 @@ async def test_trainer_without_persist_starts_a_fresh_optimizer_every_run(
             await _rewarded(client, 1)
             trainer.run_once()
     assert optimizers == [None, None]
+
+
+@pytest.mark.anyio
+async def test_trainer_with_a_training_window_keeps_the_last_rows_and_their_counts(
+    sqlite_settings,
+):
+    settings = sqlite_settings.model_copy(update={"training_window": 5})
+    async with app_client(settings) as (client, app):
+        runtime = app.state.runtime
+        trainer = Trainer(settings, runtime.sessions, runtime.store, runtime.local_bus)
+        for rows in (3, 4):
+            await _rewarded(client, rows)
+            assert trainer.run_once() is not None
+        latest = runtime.store.latest()
+    assert latest is not None
+    data = load_checkpoint(latest[1]).data
+    # 7 rewarded rows, contexts starting 0.0, 0.1, 0.2, then 0.0 ... 0.3: the last 5 held
+    assert (len(data.sample), data.n_total, int(data.arm_counts.sum())) == (5, 5, 5)
+    firsts = sorted(round(float(x), 4) for x in data.sample.x[:, 0])
+    assert firsts == [0.0, 0.1, 0.2, 0.2, 0.3]

@@ -118,7 +118,9 @@ class NeuralPolicy(Generic[ParamsT]):
         self.n_arms = self.net.arm_count(self.arm_features)
         self.context_shape = self.net.context_shape
         self.device = torch.device(device)
-        self.buffer = DataBuffer(self.context_shape, device=device)
+        self.buffer = DataBuffer(
+            self.context_shape, device=device, window=self.schedule.window or None
+        )
         self.generator = torch.Generator().manual_seed(seed)
         self.fit_generator = torch.Generator().manual_seed(seed + 1_000_003)
         self._optimizers: dict[int, tuple[FitConfig, torch.optim.Optimizer]] = {}
@@ -178,9 +180,9 @@ class NeuralPolicy(Generic[ParamsT]):
         it; refit when the schedule says so."""
         check_batch(batch, self.context_shape, self.n_arms)
         self.observe(batch)
-        before = len(self.buffer)
+        before = self.buffer.n_seen
         self.buffer.append(batch)
-        if not self.schedule.due(before, len(self.buffer)):
+        if not self.schedule.due(before, self.buffer.n_seen):
             return {"rows": float(len(self.buffer)), "trained": 0.0}
         return self.train() | {"trained": 1.0}
 

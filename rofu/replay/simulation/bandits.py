@@ -242,3 +242,38 @@ class ResNetBandit(Bandit):
             means = torch.cat(parts).double().numpy()
         rewards = means + rng.normal(scale=self.noise, size=means.shape)
         return Stream(x.numpy(), rewards, means)
+
+
+class RotatedBandit(Bandit):
+    """A bandit whose rewards drift: from round `at * T` on, arm a pays what arm a + 1
+    (mod A) paid, for the same context (a non-stationary bandit for training windows).
+
+    Args:
+        base: the stationary bandit whose stream is rotated.
+        at: the share of the run after which the arms rotate, in (0, 1).
+    """
+
+    def __init__(self, base: Bandit, at: float = 0.5) -> None:
+        if not 0.0 < at < 1.0:
+            raise ValueError(f"at must be in (0, 1), got {at}")
+        self.base = base
+        self.at = at
+        self.name = f"{base.name}-rotated"
+        self.context_dim, self.n_arms = base.context_dim, base.n_arms
+        self.notes = (
+            f"{base.name}'s stream with its arms rotated by one from round {at:g} T on "
+            f"(arm a then pays arm a + 1's reward). {base.notes}"
+        ).strip()
+
+    @property
+    def context_shape(self) -> tuple[int, ...]:
+        return self.base.context_shape
+
+    def stream(self, rounds: int, seed: int) -> Stream:
+        stream = self.base.stream(rounds, seed)
+        start = int(self.at * rounds)
+        rotate = np.roll(np.arange(self.n_arms), -1)  # column a reads arm a + 1
+        rewards, means = stream.rewards.copy(), stream.means.copy()
+        rewards[start:] = stream.rewards[start:, rotate]
+        means[start:] = stream.means[start:, rotate]
+        return Stream(stream.contexts, rewards, means)

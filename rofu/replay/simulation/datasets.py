@@ -24,7 +24,14 @@ import numpy as np
 import pandas as pd
 
 from rofu.replay import config
-from rofu.replay.simulation.bandits import Bandit, MLPBandit, PoolBandit, ResNetBandit, WheelBandit
+from rofu.replay.simulation.bandits import (
+    Bandit,
+    MLPBandit,
+    PoolBandit,
+    ResNetBandit,
+    RotatedBandit,
+    WheelBandit,
+)
 from rofu.replay.simulation.conversions import (
     FinancialBandit,
     class_means,
@@ -204,6 +211,11 @@ def load_resnet(folder: Path) -> Bandit:
     return ResNetBandit()
 
 
+def load_statlog_rotated(folder: Path) -> Bandit:
+    """Statlog whose arms rotate by one half-way through the run (`RotatedBandit`)."""
+    return RotatedBandit(load_statlog(folder))
+
+
 @dataclass(frozen=True)
 class Dataset:
     """A registered data set: its loader (which builds its bandit) and the files it reads.
@@ -225,6 +237,7 @@ class Dataset:
 DATASETS: dict[str, Dataset] = {
     "mushroom": Dataset(load_mushroom, (MUSHROOM_FILE,)),
     "statlog": Dataset(load_statlog, (STATLOG_FILE,)),
+    "statlog-rotated": Dataset(load_statlog_rotated, (STATLOG_FILE,)),
     "covertype": Dataset(load_covertype, (COVERTYPE_FILE,)),
     "adult": Dataset(load_adult, ADULT_FILES),
     "census": Dataset(load_census, (CENSUS_FILE,)),

@@ -22,7 +22,8 @@ def continued_buffer(
     arm_features: torch.Tensor | None,
 ) -> DataBuffer:
     """The data sample run `version` continues (the previous checkpoint's, or none), at
-    most `data_sample_size` rows, its reservoir drawn from a generator of the version.
+    most `data_sample_size` rows, its reservoir drawn from a generator of the version; with
+    a `training_window`, the last that many rows (`DataBuffer`).
 
     Args:
         arm_features: the catalogue's (slots, F) features; None for a network with one
@@ -30,20 +31,24 @@ def continued_buffer(
     """
     generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + version)
     size = settings.data_sample_size
+    window = settings.training_window or None
     if previous is None:
         return DataBuffer(
             settings.context_dim,
             max_size=size,
             generator=generator,
             arm_feature_dim=settings.arm_feature_dim,
+            window=window,
         )
     data = previous.data
     if arm_features is not None and data.sample.features is None:
         data = data.with_sample(data.sample.with_features(arm_features))
     if len(data.sample) > size:  # the sample-size setting shrank: keep a uniform subset
         keep = torch.randperm(len(data.sample), generator=generator)[:size]
+        if window is not None:  # a window's rows are in order: keep the newest
+            keep = torch.arange(len(data.sample) - size, len(data.sample))
         data = data.with_sample(data.sample.subset(keep))
-    return DataBuffer.restore(data, max_size=size, generator=generator)
+    return DataBuffer.restore(data, max_size=size, generator=generator, window=window)
 
 
 def transitions(
