@@ -116,3 +116,32 @@ def test_a_candidate_whose_predictions_overflow_starts_again_when_it_scores() ->
     assert family.losses["other"].variance is None
     assert family.losses["mlp"].variance is not None
     assert family.served == "mlp"
+
+
+def test_a_replay_run_records_the_rounds_each_candidate_served_and_its_resets(tmp_path) -> None:
+    import numpy as np
+
+    from rofu.replay.simulation.bandits import Stream
+    from rofu.replay.simulation.simulate import RunResult, simulate
+    from rofu.replay.simulation.summary import RunSummary
+
+    rng = np.random.default_rng(0)
+    contexts = rng.normal(size=(40, 4)).astype(np.float32)
+    means = np.stack([contexts[:, 0], -contexts[:, 0]], axis=1).astype(np.float64)
+    schedule = TrainSchedule(every=5, fit=FitConfig(steps=5), family=True)
+    config = RofuConfig(estimator="ntk-closed", l2=0.01, noise="prequential")
+    policy = RofuPolicy(RewardNetConfig(context_dim=4, n_arms=2, hidden=(8,)), schedule, config)
+    run = simulate(policy, Stream(contexts, means, means), policy_name="ROFU@family=1")
+    assert run.learners is not None
+    assert policy.family is not None
+    served = run.learners["served_rounds"]
+    assert set(served) == {"mlp", "sgd-decay", "linear"}
+    assert sum(served.values()) == 40 - 3 * 2  # every round after the warm start
+    assert run.learners["resets"] == policy.family.resets
+    run.save(tmp_path / "run.npz")
+    assert RunResult.load(tmp_path / "run.npz").learners == run.learners
+    summary = RunSummary.of(run, {})
+    summary.save(tmp_path / "run.json")
+    assert RunSummary.load(tmp_path / "run.json").learners == run.learners
+    plain = RofuPolicy(RewardNetConfig(context_dim=4, n_arms=2, hidden=(8,)), schedule=None)
+    assert simulate(plain, Stream(contexts[:10], means[:10], means[:10])).learners is None

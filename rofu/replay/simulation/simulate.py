@@ -58,6 +58,10 @@ class RunResult:
     # (T,) float64 regret II per round, against the data set's offline oracle
     # (`rofu.replay.simulation.oracle`); None where none was computed (before 2026-12).
     regret2: np.ndarray | None = None
+    # A ROFU run with a learner family (`family=1`): `served_rounds`, the rounds each
+    # candidate was served in (it scored the choice), and `resets`, how often each one's
+    # refit diverged and it started again; None for other runs and files before 2026-12-02.
+    learners: dict[str, dict[str, int]] | None = None
 
     @property
     def rounds(self) -> int:
@@ -95,6 +99,7 @@ class RunResult:
             "seconds": self.seconds,
             "cpu_seconds": self.cpu_seconds,
             "config": self.config,
+            "learners": self.learners,
         }
         partial = path.with_name(path.name + ".partial.npz")
         arrays = {"arms": self.arms, "regret": self.regret, "pseudo_regret": self.pseudo_regret}
@@ -126,6 +131,7 @@ class RunResult:
                 meta.get("cpu_seconds"),
                 archive["ascent_step"] if "ascent_step" in archive.files else None,
                 archive["regret2"] if "regret2" in archive.files else None,
+                meta.get("learners"),
             )
 
 
@@ -147,6 +153,8 @@ def simulate(
     bonus = np.full(stream.rounds, np.nan)
     rofu = policy if isinstance(policy, RofuPolicy) else None
     steps = None if rofu is None else np.full(stream.rounds, np.nan)
+    family = None if rofu is None else rofu.family
+    served = None if family is None else dict.fromkeys(family.nets, 0)
     started, cpu_started = time.perf_counter(), time.process_time()
     for t in range(stream.rounds):
         x = contexts[t : t + 1]  # (1, *context_shape)
@@ -159,6 +167,8 @@ def simulate(
             if rofu is not None and steps is not None:
                 step = rofu.scoring_step
                 steps[t] = np.nan if step is None else step
+            if family is not None and served is not None:
+                served[family.served] += 1
         arms[t] = arm
         reward = torch.tensor([stream.rewards[t, arm]], dtype=torch.float32)
         policy.update(Transitions(x, torch.tensor([arm]), reward))
@@ -169,6 +179,20 @@ def simulate(
     regret = stream.rewards.max(axis=1) - stream.rewards[rows, arms]
     pseudo = stream.means.max(axis=1) - stream.means[rows, arms]
     name = policy_name or getattr(policy, "name", "")
+    learners = None
+    if family is not None and served is not None:
+        learners = {"served_rounds": served, "resets": dict(family.resets)}
     return RunResult(
-        bandit, name, seed, arms, regret, pseudo, seconds, config, bonus, cpu_seconds, steps
+        bandit,
+        name,
+        seed,
+        arms,
+        regret,
+        pseudo,
+        seconds,
+        config,
+        bonus,
+        cpu_seconds,
+        steps,
+        learners=learners,
     )

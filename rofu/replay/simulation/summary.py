@@ -27,7 +27,8 @@ CURVE_POINTS = 200
 BONUS_POINTS = 100  # the bonus plot smooths over a fiftieth of the rounds anyway
 TAIL = 0.1  # the share of the rounds after the warm start the early and late bonus cover
 CUT_DIGITS = 3  # significant digits of the ascent-step histogram's bins
-OPTIONAL = {"final_regret2", "regret2_curve"}  # fields a summary may lack (older ones do)
+#: the fields a summary may lack (older ones do)
+OPTIONAL = {"final_regret2", "regret2_curve", "learners"}
 
 
 def curve_rounds(rounds: int, points: int = CURVE_POINTS) -> np.ndarray:
@@ -136,6 +137,8 @@ class RunSummary:
     # at curve_rounds(T), 4 digits; None where the run has none (summaries before 2026-12)
     final_regret2: float | None = None
     regret2_curve: list[float] | None = None
+    # a learner family's served rounds and resets per candidate (`RunResult.learners`)
+    learners: dict[str, dict[str, int]] | None = None
 
     @classmethod
     def of(cls, run: RunResult, job: dict[str, Any]) -> RunSummary:
@@ -162,6 +165,7 @@ class RunSummary:
             None if steps is None or not set_step else StepSummary.of(steps, set_step),
             run.final_regret2,
             None if two is None else [_sig(float(v), 4) for v in two],
+            run.learners,
         )
 
     @property
