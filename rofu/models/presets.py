@@ -112,8 +112,14 @@ PRODUCT = RofuPreset(
         every=1,
         fit=FitConfig(steps=10, batch_size=256, optimizer="adam", lr=1e-3),
         persist=True,
+        # The learner family (rofu.models.learners: the MLP, sgd-decay and linear, served
+        # by prequential loss), frozen after results/tuning/preset (all seven sets, seeds
+        # 1000-1001, T = 2 000; screen cost 0.931) and results/tuning/preset-long (T = 20 000),
+        # by the rule written in the screen's PLAN.md before its runs.
+        family=True,
     ),
-    why="tuned on Statlog, Mushroom and Financial tuning seeds (results/tuning/defaults)",
+    why="tuned on Statlog, Mushroom and Financial tuning seeds (results/tuning/defaults); "
+    "floor and learner family on all seven sets' (results/tuning/preset, preset-long)",
 )
 
 #: The settings the Showdown's data sets were tuned to, on tuning seeds only. The paper
@@ -127,7 +133,9 @@ PRESETS: dict[str, RofuPreset] = {
             PRODUCT,
             name="small-lr",
             schedule=dataclasses.replace(
-                PRODUCT.schedule, fit=dataclasses.replace(PRODUCT.schedule.fit, lr=1e-4)
+                PRODUCT.schedule,
+                fit=dataclasses.replace(PRODUCT.schedule.fit, lr=1e-4),
+                family=False,
             ),
             why="Mushroom's noisy, large rewards (+5, or -35/+5 on a coin): Adam at lr 1e-4 "
             "(results/tuning/mushroom and mushroom-persist; the product's stability cap, "
@@ -141,6 +149,7 @@ PRESETS: dict[str, RofuPreset] = {
                 fit=FitConfig(
                     steps=10, batch_size=256, optimizer="sgd", lr=0.01, weight_decay=1e-3
                 ),
+                family=False,
             ),
             why="NeuralUCB's optimizer (SGD, lr 0.01, weight decay 1e-3) on the every-round "
             "refit; Covertype and Adult (results/tuning/learner; tuning seeds)",
@@ -149,6 +158,7 @@ PRESETS: dict[str, RofuPreset] = {
             PRODUCT,
             name="linear",
             activation="identity",
+            schedule=dataclasses.replace(PRODUCT.schedule, family=False),
             why="a linear network; Financial and Jester, whose rewards are (near) linear "
             "(results/tuning/financial-act and jester-act; seeds 1000-1001, T = 20 000)",
         ),

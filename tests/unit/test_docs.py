@@ -241,8 +241,9 @@ def _matches(cell: str, value: object) -> bool:
         return token == str(value).lower()
     if isinstance(value, int | float):
         return re.fullmatch(r"-?[\d.e+-]+", token) is not None and float(token) == value
-    if isinstance(value, tuple):
-        return token == json.dumps(list(value))
+    if isinstance(value, tuple):  # a JSON list, which may hold spaces
+        text = cell.replace("`", "")
+        return text.startswith("[") and json.loads(text[: text.find("]") + 1]) == list(value)
     return token == str(value)
 
 
@@ -265,6 +266,8 @@ def test_docs_default_check_tells_a_wrong_default() -> None:
     assert not _matches("5", 15.0)
     assert not _matches("`true`", False)
     assert _matches("`[100]`", (100,))
+    assert _matches('`["mlp", "linear"]` (two)', ("mlp", "linear"))
+    assert not _matches('`["mlp"]`', ("mlp", "linear"))
     assert not _matches("unset", 0)
 
 

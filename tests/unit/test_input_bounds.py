@@ -84,11 +84,12 @@ async def test_trainer_never_publishes_a_diverged_model(sqlite_settings, monkeyp
         return {"loss": float("nan")}
 
     monkeypatch.setattr(trainer_module, "fit", diverge)
-    async with app_client(sqlite_settings) as (client, app):
+    settings = sqlite_settings.model_copy(update={"learners": ("mlp",)})  # one learner, no reset
+    async with app_client(settings) as (client, app):
         runtime = app.state.runtime
         chosen = await client.post("/v1/select", json={"context": [0.1, 0.2, 0.3, 0.4]})
         await client.post("/v1/reward", json={"event_id": chosen.json()["event_id"], "value": 1.0})
-        trainer = Trainer(sqlite_settings, runtime.sessions, runtime.store, runtime.local_bus)
+        trainer = Trainer(settings, runtime.sessions, runtime.store, runtime.local_bus)
         with pytest.raises(RuntimeError, match="diverged"):
             trainer.run_once()
         assert repository.latest_checkpoint(runtime.sessions) is None

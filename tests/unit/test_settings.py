@@ -386,7 +386,13 @@ def _env_blocks(document: object) -> list[dict[str, object]]:
 
 
 def test_settings_checkpoint_byte_limit_is_set_or_derived_from_the_network() -> None:
-    shape = {"context_dim": 5, "max_arms": 4, "hidden": (16,), "data_sample_size": 500}
+    shape = {
+        "context_dim": 5,
+        "max_arms": 4,
+        "hidden": (16,),
+        "data_sample_size": 500,
+        "learners": ("mlp",),
+    }
     settings = Settings(**shape)
     net = settings.net_config().build()
     sample = make_transitions(500, 5, 4, dtype=torch.float64)

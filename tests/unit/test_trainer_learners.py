@@ -99,10 +99,11 @@ async def test_trainer_metrics_name_each_candidates_loss_and_the_served_one(sqli
 @pytest.mark.anyio
 async def test_a_checkpoint_without_a_family_is_continued_as_its_mlp(sqlite_settings):
     family = sqlite_settings.model_copy(update={"learners": FAMILY})
+    alone = sqlite_settings.model_copy(update={"learners": ("mlp",)})
     async with app_client(family) as (client, app):  # replicas that serve any candidate
         runtime = app.state.runtime
         await _linear_rewards(client, 20, seed=0)
-        Trainer(sqlite_settings, runtime.sessions, runtime.store, runtime.local_bus).run_once()
+        Trainer(alone, runtime.sessions, runtime.store, runtime.local_bus).run_once()
         single = load_checkpoint(runtime.store.latest()[1])
         await _linear_rewards(client, 20, seed=1)
         Trainer(family, runtime.sessions, runtime.store, runtime.local_bus).run_once()

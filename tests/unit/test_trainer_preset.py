@@ -33,7 +33,9 @@ async def test_trainer_keeps_its_optimizer_only_while_continuing_its_own_checkpo
         return real_fit(net, data, config, generator, **kwargs)
 
     monkeypatch.setattr(trainer_module, "fit", recording)
-    settings = sqlite_settings.model_copy(update={"fit_steps": None, "fit_steps_per_row": 3.0})
+    settings = sqlite_settings.model_copy(
+        update={"fit_steps": None, "fit_steps_per_row": 3.0, "learners": ("mlp",)}
+    )
     async with app_client(settings) as (client, app):
         runtime = app.state.runtime
         one = Trainer(settings, runtime.sessions, runtime.store, runtime.local_bus)
@@ -68,7 +70,7 @@ async def test_trainer_without_persist_starts_a_fresh_optimizer_every_run(
         return real_fit(net, data, config, generator, **kwargs)
 
     monkeypatch.setattr(trainer_module, "fit", recording)
-    settings = sqlite_settings.model_copy(update={"fit_persist": False})
+    settings = sqlite_settings.model_copy(update={"fit_persist": False, "learners": ("mlp",)})
     async with app_client(settings) as (client, app):
         runtime = app.state.runtime
         trainer = Trainer(settings, runtime.sessions, runtime.store, runtime.local_bus)
