@@ -143,5 +143,6 @@ def test_a_replay_run_records_the_rounds_each_candidate_served_and_its_resets(tm
     summary = RunSummary.of(run, {})
     summary.save(tmp_path / "run.json")
     assert RunSummary.load(tmp_path / "run.json").learners == run.learners
-    plain = RofuPolicy(RewardNetConfig(context_dim=4, n_arms=2, hidden=(8,)), schedule=None)
+    alone = TrainSchedule(every=5, fit=FitConfig(steps=5))
+    plain = RofuPolicy(RewardNetConfig(context_dim=4, n_arms=2, hidden=(8,)), alone)
     assert simulate(plain, Stream(contexts[:10], means[:10], means[:10])).learners is None
