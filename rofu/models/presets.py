@@ -119,8 +119,11 @@ PRODUCT = RofuPreset(
         family=True,
     ),
     why="tuned on Statlog, Mushroom and Financial tuning seeds (results/tuning/defaults); "
-    "floor and learner family on all seven sets' (results/tuning/preset, preset-long)",
+    "floor and learner family on all seven sets (results/tuning/preset, preset-long)",
 )
+
+#: The product's schedule with its MLP alone: each tuned preset below is one learner.
+_ONE_LEARNER = dataclasses.replace(PRODUCT.schedule, family=False)
 
 #: The settings the Showdown's data sets were tuned to, on tuning seeds only. The paper
 #: tuned ROFU on Statlog and changed only Mushroom ("the reward scale of mushroom is much
@@ -133,9 +136,7 @@ PRESETS: dict[str, RofuPreset] = {
             PRODUCT,
             name="small-lr",
             schedule=dataclasses.replace(
-                PRODUCT.schedule,
-                fit=dataclasses.replace(PRODUCT.schedule.fit, lr=1e-4),
-                family=False,
+                _ONE_LEARNER, fit=dataclasses.replace(_ONE_LEARNER.fit, lr=1e-4)
             ),
             why="Mushroom's noisy, large rewards (+5, or -35/+5 on a coin): Adam at lr 1e-4 "
             "(results/tuning/mushroom and mushroom-persist; the product's stability cap, "
@@ -145,11 +146,10 @@ PRESETS: dict[str, RofuPreset] = {
             PRODUCT,
             name="sgd-decay",
             schedule=dataclasses.replace(
-                PRODUCT.schedule,
+                _ONE_LEARNER,
                 fit=FitConfig(
                     steps=10, batch_size=256, optimizer="sgd", lr=0.01, weight_decay=1e-3
                 ),
-                family=False,
             ),
             why="NeuralUCB's optimizer (SGD, lr 0.01, weight decay 1e-3) on the every-round "
             "refit; Covertype and Adult (results/tuning/learner; tuning seeds)",
@@ -158,7 +158,7 @@ PRESETS: dict[str, RofuPreset] = {
             PRODUCT,
             name="linear",
             activation="identity",
-            schedule=dataclasses.replace(PRODUCT.schedule, family=False),
+            schedule=_ONE_LEARNER,
             why="a linear network; Financial and Jester, whose rewards are (near) linear "
             "(results/tuning/financial-act and jester-act; seeds 1000-1001, T = 20 000)",
         ),

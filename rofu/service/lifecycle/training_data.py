@@ -43,10 +43,12 @@ def continued_buffer(
     data = previous.data
     if arm_features is not None and data.sample.features is None:
         data = data.with_sample(data.sample.with_features(arm_features))
-    if len(data.sample) > size:  # the sample-size setting shrank: keep a uniform subset
-        keep = torch.randperm(len(data.sample), generator=generator)[:size]
-        if window is not None:  # a window's rows are in order: keep the newest
-            keep = torch.arange(len(data.sample) - size, len(data.sample))
+    if len(data.sample) > size:  # the sample-size setting shrank: keep a uniform subset,
+        n = len(data.sample)  # or a window's newest rows (they are in order)
+        if window is None:
+            keep = torch.randperm(n, generator=generator)[:size]
+        else:
+            keep = torch.arange(n - size, n)
         data = data.with_sample(data.sample.subset(keep))
     return DataBuffer.restore(data, max_size=size, generator=generator, window=window)
 
